@@ -1,0 +1,129 @@
+"""Command line: python -m course {doctor, grade, mutants, bench, stubs}. See README.md."""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+from . import registry
+
+GRADE_TIMEOUT_S = 600
+
+
+def _table(rows: list[tuple], header: tuple) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*map(str, r)) for r in rows])
+
+
+def grade_one(exercise_id: str) -> dict:
+    """Grade one exercise in this process; returns a JSON-able verdict."""
+    import importlib
+    from .grading import GradingError, NotImplementedYet, check
+    week = registry.week_of(exercise_id)
+    module = importlib.import_module(f"course.exercises.{week}")
+    fn = getattr(module, exercise_id.split(".")[1])
+    try:
+        report = check(exercise_id, fn, hidden=True)
+    except NotImplementedYet as err:
+        return {"status": "not implemented", "detail": str(err)}
+    except GradingError as err:
+        return {"status": "FAIL", "detail": str(err)}
+    if not report.ran:
+        return {"status": "compiled only", "detail": report.note}
+    worst = max(report.max_error.values(), default=0.0)
+    return {"status": "pass", "max_error": worst, "detail": f"{report.cases} cases"}
+
+
+def cmd_grade(args) -> int:
+    env = dict(os.environ, **({"COURSE_SOLUTIONS": "1"} if args.solutions else {}))
+    rows, failed = [], []
+    for exercise_id in registry.select(args.selector):
+        start = time.perf_counter()
+        try:  # a fresh process per exercise: a hang or a dead CUDA context fails one exercise only
+            proc = subprocess.run([sys.executable, "-m", "course", "_grade_one", exercise_id], env=env,
+                                  capture_output=True, text=True, timeout=GRADE_TIMEOUT_S)
+            lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+            verdict = json.loads(lines[-1]) if lines else {
+                "status": "CRASHED", "detail": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
+        except subprocess.TimeoutExpired:
+            verdict = {"status": "TIMEOUT", "detail": f"no answer within {GRADE_TIMEOUT_S} s"}
+        seconds = time.perf_counter() - start
+        error = f"{verdict['max_error']:.0%}" if "max_error" in verdict else "-"
+        rows.append((exercise_id, verdict["status"], error, f"{seconds:.1f} s"))
+        if verdict["status"] not in ("pass", "compiled only"):
+            failed.append((exercise_id, verdict["detail"]))
+    print(_table(rows, ("exercise", "status", "error / tolerance", "time")))
+    for exercise_id, detail in failed:
+        print(f"\n--- {exercise_id}\n{detail}")
+    passed = len(rows) - len(failed)
+    print(f"\n{passed} passed, {len(failed)} failed")
+    return 0 if not failed else 1
+
+
+def cmd_mutants(args) -> int:
+    """Every solution accepted and every mutant rejected, else exit 1."""
+    import importlib
+    from . import mutants
+    from .grading import GradingError, check
+    selected = set(registry.select(args.selector))
+    rows, bad = [], 0
+    for week in registry.WEEKS:
+        solutions = importlib.import_module(f"solutions.{week}")
+        for exercise_id in [e for e in registry.week_tasks(week) if e in selected]:
+            try:
+                report = check(exercise_id, getattr(solutions, exercise_id.split(".")[1]))
+                status = "accepted" if report.ran else "compiled only"
+            except GradingError as err:
+                status, bad = f"REJECTED: {str(err).splitlines()[0]}", bad + 1
+            rows.append((exercise_id, "reference solution", status))
+        for i, mutant in enumerate(mutants.declared(week)):
+            if mutant.exercise in selected:
+                status, detail = mutants.verdict(mutant, i)
+                bad += status == "ACCEPTED"
+                rows.append((mutant.exercise, mutant.bug, status if status != "skipped" else "skipped: needs a GPU"))
+    print(_table(rows, ("exercise", "solution or mutant", "verdict")))
+    print(f"\n{len(rows) - bad} passed, {bad} failed")
+    return 1 if bad else 0
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    return bench.main(args.selector, args.csv)
+
+
+def cmd_stubs(_args) -> int:
+    from .stubs import write_stubs
+    for path in write_stubs():
+        print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m course", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="what this machine can run")
+    p = sub.add_parser("grade", help="grade exercises: all, w33 or w33.<exercise>")
+    p.add_argument("selector", nargs="?", default="all")
+    p.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
+    p = sub.add_parser("mutants", help="prove the graders reject wrong solutions")
+    p.add_argument("selector", nargs="?", default="all")
+    p = sub.add_parser("bench", help="benchmark the solution kernels against their peers (GPU)")
+    p.add_argument("selector", nargs="?", default="all")
+    p.add_argument("--csv", help="where to write the results (default: course/results/<week>.csv)")
+    sub.add_parser("stubs", help="regenerate course/exercises/ from solutions/ (overwrites your work!)")
+    p = sub.add_parser("_grade_one")
+    p.add_argument("exercise")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        from .backend import doctor
+        return doctor()
+    if args.command == "_grade_one":
+        print(json.dumps(grade_one(args.exercise)))
+        return 0
+    return {"grade": cmd_grade, "mutants": cmd_mutants, "bench": cmd_bench, "stubs": cmd_stubs}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""Benchmarks: GPU timing, the machine's two ceilings, recorded results with provenance.
+
+Owns: how anything is timed (`gpu_ms`, `cpu_ms`), the ceilings (device-to-device copy bandwidth,
+dense bf16 matmul rate, and their CPU counterparts), the CSV files the course ships in
+course/results/ and `python -m course bench`. What each week measures is in course/wNN/bench.py.
+"""
+import datetime
+import importlib
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+from . import backend, registry
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def gpu_ms(fn) -> float:
+    """Median time of fn() in ms: device events, warm-up, L2 flushed before each run (do_bench)."""
+    import triton
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def cpu_ms(fn, repeat: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def copy_ceiling_gbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy, counting bytes read plus bytes written."""
+    import torch
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    return 2 * nbytes / gpu_ms(lambda: dst.copy_(src)) / 1e6
+
+
+def matmul_ceiling_tflops(n: int = 8192) -> float:
+    """Dense bf16 matmul on random data."""
+    import torch
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    return 2 * n**3 / gpu_ms(lambda: a @ b) / 1e9
+
+
+def cpu_ceilings(nbytes: int = 1 << 27, n: int = 1024) -> dict:
+    """This CPU's copy bandwidth (GB/s) and float32 matmul rate (GFLOP/s), measured with NumPy."""
+    import numpy as np
+    src, dst = np.ones(nbytes // 4, np.float32), np.empty(nbytes // 4, np.float32)
+    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
+    return {"copy_gbps": 2 * nbytes / cpu_ms(lambda: np.copyto(dst, src)) / 1e6,
+            "matmul_gflops": 2 * n**3 / cpu_ms(lambda: a @ b) / 1e6}
+
+
+def provenance() -> dict:
+    """Device, date, library versions and commit: stamped on every recorded row."""
+    import torch
+    import triton
+    try:
+        import cupy
+        cupy_version = cupy.__version__
+    except ImportError:
+        cupy_version = "none"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    return {"device": backend.gpu_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+            "triton": triton.__version__, "cupy": cupy_version, "python": platform.python_version(),
+            "commit": commit}
+
+
+def recorded(week: str):
+    """The GPU results the course ships for `week`, as a pandas DataFrame."""
+    import pandas as pd
+    return pd.read_csv(RESULTS / f"{week}.csv")
+
+
+def main(selector: str, csv: str | None) -> int:
+    weeks = sorted({registry.week_of(e) for e in registry.select(selector)})
+    if not backend.ON_GPU:
+        print("No GPU here: benchmarks need one. Recorded results the course ships:")
+        for week in weeks:
+            path = RESULTS / f"{week}.csv"
+            if path.exists():
+                table = recorded(week)
+                print(f"\n{path.relative_to(ROOT)} ({table['device'].iloc[0]}, {table['date'].iloc[0]})")
+                print(table.drop(columns=["torch", "triton", "cupy", "python", "commit"]).to_string(index=False))
+        return 0
+    for week in weeks:
+        table = importlib.import_module(f"course.{week}.bench").run()
+        stamp = provenance()
+        for key, value in stamp.items():
+            table[key] = value
+        path = Path(csv) if csv else RESULTS / f"{week}.csv"
+        table.to_csv(path, index=False)
+        print(table.drop(columns=list(stamp)).to_string(index=False))
+        print(f"\nwrote {path} ({stamp['device']}, {stamp['date']})")
+    return 0

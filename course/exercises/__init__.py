@@ -1,0 +1,1 @@
+"""The learner's exercise files, one per week, generated from solutions/ (see course/stubs.py)."""

@@ -1,0 +1,289 @@
+"""Grading: `check(exercise_id, fn)` runs every case of a task and explains the first failure.
+
+Owns the guarantees of DESIGN.md's Grading section: fresh random inputs each run, poisoned
+outputs, untouched inputs, float64 references, per-dtype tolerances with their reasons, banned
+library calls, a timeout, and failure messages a learner can act on, never our traceback.
+The tasks themselves (cases, references, hints) live in course/wNN_topic/tasks.py.
+"""
+import contextlib
+import secrets
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from . import backend, registry
+from .cuda import CudaCompileError, NeedsGPU
+from .stubs import MARKER, unfinished
+
+# (atol, rtol, reason) per storage dtype. Computation is in float32 (float64 for NumPy float64).
+TOLERANCES = {
+    "float64": (1e-12, 1e-9, "float64 inputs: 53-bit mantissa, only summation-order differences"),
+    "float32": (1e-6, 2e-5, "float32: 24-bit mantissa (unit roundoff 6e-8), fast exp on a GPU, sums of up to ~1e3 terms"),
+    "float16": (1e-5, 2e-3, "float16 output: 11-bit mantissa, one rounding of the result (unit roundoff 4.9e-4)"),
+    "bfloat16": (1e-5, 1.6e-2, "bfloat16 output: 8-bit mantissa, one rounding of the result (unit roundoff 3.9e-3)"),
+}
+TIMEOUT_S = 120
+# NaNs with a payload no arithmetic produces: an element still holding one was never written.
+POISON_BITS = {"float32": (0x7FC0BAD0, "int32"), "float16": (0x7E5B, "int16"), "bfloat16": (0x7FDB, "int16")}
+
+
+class GradingError(AssertionError):
+    """A learner-facing failure: the message says what is wrong; no grader traceback is shown."""
+
+    def _render_traceback_(self):  # IPython prints this instead of a traceback
+        return [f"\x1b[31mGradingError\x1b[0m: {self}"]
+
+
+class NotImplementedYet(GradingError):
+    pass
+
+
+@dataclass
+class Case:
+    name: str
+    inputs: tuple  # float64 NumPy arrays; cast to `dtype` before the call
+    dtype: str
+
+
+@dataclass
+class Task:
+    """One graded exercise. `reference(*inputs)` works on float64 arrays and returns a tuple."""
+    id: str
+    backend: str                      # "numpy", "triton" or "cuda"
+    regions: tuple[str, ...]          # names in the exercise module that hold the learner's code
+    cases: Callable                   # (rng, dtypes) -> list[Case]
+    reference: Callable
+    outputs: tuple[str, ...] = ("y",)
+    writes_out: bool = False          # kernel launchers: fn(*inputs, out=poisoned)
+    banned: tuple[str, ...] = ()
+    hint: Callable | None = None      # (case, got, ref) -> str | None
+    dtypes: tuple[str, ...] = ()
+
+    def graded_dtypes(self) -> tuple[str, ...]:
+        if self.backend == "triton":
+            return tuple(d for d in self.dtypes if d in backend.triton_dtypes())
+        return self.dtypes
+
+
+@dataclass
+class Report:
+    id: str
+    cases: int = 0
+    max_error: dict = field(default_factory=dict)
+    seconds: float = 0.0
+    tolerances: dict = field(default_factory=dict)
+    note: str = ""
+    ran: bool = True
+
+    def __repr__(self):
+        if not self.ran:
+            return f"~ {self.id}: {self.note}"
+        errs = ", ".join(f"{d} {e:.0%}" for d, e in self.max_error.items())
+        lines = [f"✓ {self.id}: {self.cases} cases passed in {self.seconds:.1f} s "
+                 f"(largest error as a share of the tolerance: {errs})"]
+        lines += [f"    tolerance {d}: atol {a:g}, rtol {r:g} — {why}" for d, (a, r, why) in self.tolerances.items()]
+        if self.note:
+            lines.append(f"    {self.note}")
+        return "\n".join(lines)
+
+
+def check(exercise_id: str, fn, seed: int | None = None, hidden: bool = False) -> Report:
+    task = registry.task(exercise_id)
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    try:
+        return _run(task, fn, seed, hidden)
+    except GradingError as err:
+        raise type(err)(str(err)).with_traceback(None) from None
+
+
+def _run(task: Task, fn, seed: int, hidden: bool) -> Report:
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    for name in task.regions:
+        obj = getattr(module, name, None) if module else None
+        if obj is not None and unfinished(obj):
+            raise NotImplementedYet(f"{task.id} is not implemented yet: `{name}` still contains `{MARKER}`. "
+                                    f"Write your code there (and delete that line), then run this cell again.")
+    report = Report(task.id)
+    if task.backend == "cuda":
+        note = _cuda_resources(task, module)
+        if not backend.ON_GPU:
+            return Report(task.id, ran=False, note=f"compiled with NVRTC ({note}); not run: CuPy kernels need a GPU")
+        report.note = note
+    rng = np.random.default_rng(seed)
+    cases = task.cases(rng, task.graded_dtypes())
+    if hidden:
+        cases += task.cases(np.random.default_rng(secrets.randbelow(2**31)), task.graded_dtypes())
+    start = time.perf_counter()
+    for case in cases:
+        err = _run_case(task, fn, case, seed)
+        report.max_error[case.dtype] = max(report.max_error.get(case.dtype, 0.0), err)
+        report.tolerances[case.dtype] = TOLERANCES[case.dtype]
+    report.cases, report.seconds = len(cases), time.perf_counter() - start
+    return report
+
+
+def _cuda_resources(task: Task, module) -> str:
+    sources = [getattr(module, r) for r in task.regions if isinstance(getattr(module, r, None), str)]
+    try:
+        from .cuda import compile_report
+        kernel = task.id.split(".")[1]
+        reports = [r for src in sources for r in compile_report(src, kernel)]
+    except CudaCompileError as err:
+        raise GradingError(f"{task.id}: your CUDA C does not compile.\n{err}") from None
+    return "; ".join(str(r) for r in reports)
+
+
+def _to_backend(task: Task, array: np.ndarray, dtype: str):
+    if task.backend == "numpy":
+        return array.astype(dtype)
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device=backend.DEVICE, dtype=getattr(torch, dtype))
+
+
+def _to_float64(value) -> np.ndarray:
+    if hasattr(value, "detach"):
+        return value.detach().float().cpu().numpy().astype(np.float64)
+    return np.asarray(value, dtype=np.float64)
+
+
+def _poisoned_like(x):
+    import torch
+    bits, int_type = POISON_BITS[str(x.dtype).removeprefix("torch.")]
+    return torch.full(x.shape, bits, dtype=getattr(torch, int_type), device=x.device).view(x.dtype)
+
+
+def _run_case(task: Task, fn, case: Case, seed: int) -> float:
+    where = f'{task.id} failed on case "{case.name}" ({case.dtype})'
+    again = f'reproduce with: course.check("{task.id}", {getattr(fn, "__name__", "fn")}, seed={seed})'
+    inputs = tuple(_to_backend(task, a, case.dtype) for a in case.inputs)
+    ref = task.reference(*(_to_float64(a) for a in inputs))
+    before = [_to_float64(a).copy() for a in inputs]
+    out = _poisoned_like(inputs[0]) if task.writes_out else None
+    try:
+        with _banned(task.banned), _timeout(TIMEOUT_S), np.errstate(all="ignore"):
+            got = fn(*inputs, out=out) if task.writes_out else fn(*inputs)
+            if task.backend != "numpy" and backend.ON_GPU:
+                import torch
+                torch.cuda.synchronize()
+    except GradingError:
+        raise
+    except NotImplementedError:
+        raise NotImplementedYet(f"{task.id} is not implemented yet (it raised NotImplementedError).") from None
+    except NeedsGPU as exc:
+        raise GradingError(f"{where}: {exc}") from None
+    except Exception as exc:  # the learner's code raised: show their error, not ours
+        raise GradingError(f"{where}: your code raised {type(exc).__name__}: {exc}\n  {again}") from None
+    for i, (a, b) in enumerate(zip(before, inputs)):
+        if not np.array_equal(a, _to_float64(b), equal_nan=True):
+            raise GradingError(f"{where}: input {i} was modified. Write results to a new array or `out`.")
+    if task.writes_out:
+        import torch
+        _, int_type = POISON_BITS[case.dtype]
+        unwritten = (out.view(getattr(torch, int_type)) == POISON_BITS[case.dtype][0]).cpu().numpy()
+        got = (out,)
+    else:
+        got = got if isinstance(got, tuple) else (got,)
+        unwritten = None
+    if len(got) != len(ref):
+        raise GradingError(f"{where}: expected {len(ref)} outputs ({', '.join(task.outputs)}), got {len(got)}.")
+    worst = 0.0
+    for name, g, r in zip(task.outputs, got, ref):
+        g = _to_float64(g)
+        if g.shape != r.shape:
+            raise GradingError(f"{where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
+        worst = max(worst, _compare(task, case, name, g, r, unwritten, where, again))
+    return worst
+
+
+def _compare(task, case, name, got, ref, unwritten, where, again) -> float:
+    atol, rtol, why = TOLERANCES[case.dtype]
+    finite = np.isfinite(ref)
+    err = np.where(finite, np.abs(got - ref), np.where(got == ref, 0.0, np.inf))
+    err = np.nan_to_num(err, nan=np.inf)
+    allowed = atol + rtol * np.abs(np.where(finite, ref, 0.0))
+    bad = err > allowed
+    if not bad.any():
+        return float(np.max(err / allowed, initial=0.0))
+    first = tuple(int(i) for i in np.argwhere(bad)[0])
+    lines = [f"{where}: output `{name}` is wrong at {int(bad.sum())} of {bad.size} elements.",
+             f"  first wrong element {list(first)} of shape {list(ref.shape)}: got {got[first]:.6g}, "
+             f"expected {ref[first]:.6g}"]
+    hint = None
+    if unwritten is not None and unwritten.any():
+        idx = [int(i) for i in np.argwhere(unwritten)[0]]
+        hint = (f"{int(unwritten.sum())} elements were never written (first at {idx}): does the grid "
+                f"cover every row, and does the mask reach the last, partial block?")
+    hint = hint or (task.hint(case, got, ref) if task.hint else None) or _location_hint(bad)
+    if hint:
+        lines.append(f"  hint: {hint}")
+    lines.append(f"  tolerance: |got - expected| <= {atol:g} + {rtol:g}·|expected| ({why})")
+    lines.append(f"  {again}")
+    raise GradingError("\n".join(lines))
+
+
+def _location_hint(bad: np.ndarray) -> str | None:
+    if bad.ndim != 2:
+        return None
+    rows, cols = bad.any(axis=1), bad.any(axis=0)
+    if rows.all() and not cols.all():
+        return f"only columns from {int(np.argmax(cols))} on are wrong: is the last, partial block masked?"
+    if cols.all() and not rows.all() and rows[-1]:
+        return f"only rows from {int(np.argmax(rows))} on are wrong: does the grid cover every row?"
+    return None
+
+
+@contextlib.contextmanager
+def _timeout(seconds: int):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(*_):
+        raise GradingError(f"your code ran for more than {seconds} s: an endless loop, or a kernel that "
+                           f"waits for something that never happens?")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@contextlib.contextmanager
+def _banned(names: tuple[str, ...]):
+    """Replace library functions the exercise asks the learner to write with ones that fail."""
+    saved = []
+    for dotted in names:
+        module_name, attr = dotted.rsplit(".", 1)
+        try:
+            owner = _resolve(module_name)
+        except (ImportError, AttributeError):
+            continue
+        saved.append((owner, attr, getattr(owner, attr)))
+
+        def refuse(*_, _name=dotted, **__):
+            raise GradingError(f"this exercise asks you to write it yourself: calling `{_name}` is not allowed here.")
+        setattr(owner, attr, refuse)
+    try:
+        yield
+    finally:
+        for owner, attr, original in reversed(saved):
+            setattr(owner, attr, original)
+
+
+def _resolve(dotted: str):
+    import importlib
+    parts = dotted.split(".")
+    obj = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=1):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            obj = importlib.import_module(".".join(parts[:i + 1]))
+    return obj

@@ -1,0 +1,67 @@
+"""Mutants: plausible wrong solutions the graders must reject.
+
+A mutant is a one-place edit of a reference solution, declared in tests/mutants/wNN_topic.py as
+`Mutant(exercise, bug, old, new)`: `bug` names the mistake (missing max-subtraction, ...), `old`
+must occur exactly once in solutions/wNN_topic.py. Loading applies the edit to a copy of the file,
+so a mutant that no longer applies to the solution fails loudly instead of passing silently.
+"""
+import importlib.util
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import registry
+from .grading import GradingError, check
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    exercise: str   # "w33.stable_softmax"
+    bug: str        # what is wrong, in the words a reviewer would use
+    old: str
+    new: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.exercise}: {self.bug}"
+
+
+def declared(week: str) -> list[Mutant]:
+    path = ROOT / "tests" / "mutants" / f"{week}.py"
+    spec = importlib.util.spec_from_file_location(f"_mutants_{week}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.MUTANTS
+
+
+def load(mutant: Mutant, index: int):
+    """Import the solution module with the mutant's edit applied; return the exercise's function."""
+    week = registry.week_of(mutant.exercise)
+    text = (ROOT / "solutions" / f"{week}.py").read_text()
+    count = text.count(mutant.old)
+    if count != 1:
+        raise ValueError(f"mutant '{mutant.name}': its `old` text occurs {count} times in solutions/{week}.py (need 1)")
+    folder = Path(tempfile.mkdtemp(prefix="course-mutant-"))
+    path = folder / f"mutant_{week}_{index}.py"
+    path.write_text(text.replace(mutant.old, mutant.new))
+    name = f"course_mutant_{week}_{index}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return getattr(module, mutant.exercise.split(".")[1])
+
+
+def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
+    """("rejected" | "ACCEPTED" | "skipped", detail)."""
+    fn = load(mutant, index)
+    try:
+        report = check(mutant.exercise, fn)
+    except GradingError as err:
+        return "rejected", str(err).splitlines()[0]
+    if not report.ran:
+        return "skipped", report.note
+    return "ACCEPTED", "the grader passed this wrong solution"

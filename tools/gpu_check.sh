@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# One call on a lent GPU: doctor, grade the solutions, mutants, then the benchmark of a week.
+# Usage (repository root, on the GPU machine): bash tools/gpu_check.sh w33 [extra python -c code]
+set -uo pipefail
+sel=${1:-w33}
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
+python3 -m course doctor
+python3 -m course grade "$sel" --solutions 2>&1 | tee "$out/grade.txt"
+python3 -m course mutants "$sel" 2>&1 | tee "$out/mutants.txt"
+if [ -n "${2:-}" ]; then python3 -c "$2" 2>&1 | tee "$out/extra.txt"; fi
+python3 -m course bench "$sel" --csv "$out/bench.csv" 2>&1 | tail -80
