@@ -69,13 +69,13 @@ __global__ void block_softmax(const T* x, T* y, int n_cols) {
         out[j] = from_float<T>(__expf(to_float(row[j]) - m) * inv_sum);
 }
 """
-_block_softmax = CudaKernel(BLOCK_SOFTMAX_SRC, "block_softmax")
+block_softmax_kernel = CudaKernel(BLOCK_SOFTMAX_SRC, "block_softmax")
 
 
 def block_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Row softmax of a CUDA tensor with the block-per-row CUDA C kernel."""
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "block_softmax")
-    _block_softmax((n_rows,), (BLOCK_THREADS,), x2, out2, n_cols)
+    block_softmax_kernel((n_rows,), (BLOCK_THREADS,), x2, out2, n_cols)
     return out
 
 
@@ -180,7 +180,7 @@ __global__ void warp_softmax(const T* x, T* y, int n_cols) {
         out[j] = from_float<T>(__expf(to_float(row[j]) - m_row) * inv_sum);
 }
 """
-_warp_softmax = CudaKernel(WARP_SOFTMAX_SRC, "warp_softmax")
+warp_softmax_kernel = CudaKernel(WARP_SOFTMAX_SRC, "warp_softmax")
 WARP_CHUNKS = 4  # CHUNKS in the source
 
 
@@ -189,7 +189,7 @@ def warp_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "warp_softmax")
     n_packs = triton.cdiv(n_cols, 16 // x.element_size())
     threads = min(1024, max(32, triton.next_power_of_2(triton.cdiv(n_packs, WARP_CHUNKS))))
-    _warp_softmax((n_rows,), (threads,), x2, out2, n_cols)
+    warp_softmax_kernel((n_rows,), (threads,), x2, out2, n_cols)
     return out
 
 

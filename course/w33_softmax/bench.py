@@ -23,6 +23,7 @@ def kernels() -> dict:
 def run() -> pd.DataFrame:
     import torch
     ceiling = bench.copy_ceiling_gbps()
+    matmul = bench.matmul_ceiling_tflops()
     rows = []
     work = [(d, m, n, k) for d in DTYPES for m, n in SIZES for k in kernels()]
     for dtype, m, n, name in tqdm(work, desc="w33 softmax"):
@@ -37,10 +38,10 @@ def run() -> pd.DataFrame:
         gbps = softmax_cost(m, n, x.element_size())["bytes"] / ms / 1e6
         rows.append({"kernel": name, "dtype": dtype, "M": m, "N": n, "ms": round(ms, 4), "GB/s": round(gbps, 1),
                      "vs_copy": round(gbps / ceiling, 3), "max_abs_error": f"{error:.1e}",
-                     "copy_ceiling_GB/s": round(ceiling, 1)})
+                     "copy_ceiling_GB/s": round(ceiling, 1), "matmul_ceiling_TFLOP/s": round(matmul, 1)})
     table = pd.DataFrame(rows)
     torch_gbps = table[table.kernel == "torch.softmax"].set_index(["dtype", "M", "N"])["GB/s"]
-    table["vs_torch"] = [round(r["GB/s"] / torch_gbps[(r.dtype, r.M, r.N)], 2) for _, r in table.iterrows()]
+    table["vs_torch"] = [round(r["GB/s"] / torch_gbps[(r["dtype"], r["M"], r["N"])], 2) for _, r in table.iterrows()]
     return table
 
 
