@@ -112,7 +112,7 @@ def _run(task: Task, fn, seed: int, hidden: bool) -> Report:
     if task.backend == "cuda":
         note = _cuda_resources(task, module)
         if not backend.ON_GPU:
-            return Report(task.id, ran=False, note=f"compiled with NVRTC ({note}); not run: CuPy kernels need a GPU")
+            return Report(task.id, ran=False, note=f"compiled with NVRTC ({note}); not run: a CuPy kernel needs a GPU")
         report.note = note
     rng = np.random.default_rng(seed)
     cases = task.cases(rng, task.graded_dtypes())
@@ -196,7 +196,8 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
         g = _to_float64(g)
         if g.shape != r.shape:
             raise GradingError(f"{where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
-        worst = max(worst, _compare(task, case, name, g, r, unwritten, where, again))
+        with np.errstate(all="ignore"):
+            worst = max(worst, _compare(task, case, name, g, r, unwritten, where, again))
     return worst
 
 

@@ -1,0 +1,126 @@
+"""The grader's guarantees, each shown by a wrong or misbehaving function it must catch."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+import course
+from course import grading, registry
+from course.stubs import ROOT
+from solutions import w33_softmax as sol
+
+
+def load_stubs():
+    spec = importlib.util.spec_from_file_location("w33_stub_under_test", ROOT / "course/exercises/w33_softmax.py")
+    module = importlib.util.module_from_spec(spec)
+    import sys
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_solution_passes_and_report_names_cases_and_tolerance():
+    report = course.check("w33.stable_softmax", sol.stable_softmax)
+    assert report.ran and report.cases >= 10
+    text = repr(report)
+    assert "cases passed" in text and "tolerance float32" in text and "mantissa" in text
+
+
+@pytest.mark.parametrize("exercise_id", list(registry.all_tasks()))
+def test_every_stub_says_not_implemented_yet(exercise_id):
+    stubs = load_stubs()
+    with pytest.raises(grading.NotImplementedYet, match="not implemented yet"):
+        course.check(exercise_id, getattr(stubs, exercise_id.split(".")[1]))
+
+
+def test_grading_error_is_an_assertion_error_without_grader_traceback():
+    with pytest.raises(AssertionError) as info:
+        course.check("w33.stable_softmax", lambda x: np.exp(x) / np.exp(x).sum(-1, keepdims=True))
+    err = info.value
+    assert isinstance(err, grading.GradingError)
+    assert err.__cause__ is None and err.__suppress_context__
+    rendered = "\n".join(err._render_traceback_())
+    assert "Traceback" not in rendered and "grading.py" not in rendered
+    assert "hint:" in str(err) and "reproduce with" in str(err)
+
+
+def test_failure_points_at_the_case_and_first_bad_element():
+    def unnormalised(x):
+        return np.exp(x - x.max(-1, keepdims=True))
+    with pytest.raises(grading.GradingError) as info:
+        course.check("w33.stable_softmax", unnormalised, seed=3)
+    msg = str(info.value)
+    assert 'case "' in msg and "first wrong element" in msg and "constant factor" in msg
+
+
+def test_library_softmax_is_refused():
+    import torch
+
+    def cheat(x):
+        return torch.softmax(torch.from_numpy(x), -1).numpy()
+    with pytest.raises(grading.GradingError, match="not allowed"):
+        course.check("w33.stable_softmax", cheat)
+    assert torch.softmax(torch.zeros(2), 0)[0] == 0.5  # restored afterwards
+
+
+def test_modified_input_is_caught():
+    def in_place(x):
+        x -= x.max(-1, keepdims=True)
+        np.exp(x, out=x)
+        x /= x.sum(-1, keepdims=True)
+        return x
+    with pytest.raises(grading.GradingError, match="was modified"):
+        course.check("w33.stable_softmax", in_place)
+
+
+def test_unwritten_output_is_caught_by_the_poison():
+    def skips_last_row(x, out=None):
+        full = sol.triton_softmax(x)
+        out[:-1] = full[:-1]
+        return out
+    with pytest.raises(grading.GradingError, match="never written"):
+        course.check("w33.triton_softmax", skips_last_row)
+
+
+def test_a_learner_exception_is_reported_with_its_message():
+    def broken(x):
+        raise ValueError("my own bug")
+    with pytest.raises(grading.GradingError, match="ValueError: my own bug"):
+        course.check("w33.stable_softmax", broken)
+
+
+def test_hung_code_times_out(monkeypatch):
+    monkeypatch.setattr(grading, "TIMEOUT_S", 1)
+
+    def hangs(x):
+        while True:
+            pass
+    with pytest.raises(grading.GradingError, match="more than 1 s"):
+        course.check("w33.stable_softmax", hangs)
+
+
+def test_state_tasks_check_the_empty_state():
+    def no_guard(m_a, l_a, m_b, l_b):
+        m = np.maximum(m_a, m_b)
+        return m, l_a * np.exp(m_a - m) + l_b * np.exp(m_b - m)
+    with pytest.raises(grading.GradingError, match="NaN"):
+        course.check("w33.merge_softmax_states", no_guard)
+
+
+def test_inputs_are_fresh_each_run_and_reproducible_by_seed():
+    task = registry.task("w33.stable_softmax")
+    a = task.cases(np.random.default_rng(1), ("float32",))
+    b = task.cases(np.random.default_rng(1), ("float32",))
+    c = task.cases(np.random.default_rng(2), ("float32",))
+    assert all(np.array_equal(x.inputs[0], y.inputs[0]) for x, y in zip(a, b))
+    assert not np.array_equal(a[2].inputs[0], c[2].inputs[0])
+
+
+def test_every_tolerance_has_a_reason():
+    for dtype, (atol, rtol, why) in grading.TOLERANCES.items():
+        assert atol > 0 and 0 < rtol < 0.1 and len(why) > 20, dtype
+
+
+def test_unknown_exercise_lists_the_known_ones():
+    with pytest.raises(KeyError, match="w33.stable_softmax"):
+        course.check("w33.nope", sol.stable_softmax)
