@@ -6,6 +6,7 @@ course/results/ and `python -m course bench`. What each week measures is in cour
 """
 import datetime
 import importlib
+import os
 import platform
 import subprocess
 import time
@@ -67,8 +68,9 @@ def provenance() -> dict:
         cupy_version = cupy.__version__
     except ImportError:
         cupy_version = "none"
+    commit = os.environ.get("COURSE_COMMIT")  # set by tools/gpu_check.sh where the tree has no .git
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"

@@ -5,6 +5,7 @@ set -uo pipefail
 sel=${1:-w33}
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+# usage note: COURSE_COMMIT=<hash> stamps recorded results when the copied tree has no .git
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
 python3 -m course doctor
 python3 -m course grade "$sel" --solutions 2>&1 | tee "$out/grade.txt"

@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from course.backend import ON_GPU
 from course.cuda import CudaKernel
 from course.rows import prepare_rows
 
@@ -234,14 +235,52 @@ def online_softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
         tl.store(y_row + start + cols, (tl.exp(x - m_row) * inv_sum).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits,
+                         BLOCK: tl.constexpr, MAX_SPLITS: tl.constexpr):
+    # GPU only. A long row is split over n_splits programs, each holding BLOCK columns in registers:
+    # each publishes its (m, l), waits for its siblings, merges their states (day 5's merge) and
+    # writes. Reads MN once, writes MN once. Programs take tickets in the order they start, so a
+    # program only waits for siblings that have already started: no deadlock as long as n_splits
+    # programs fit on the GPU at once.
+    ticket = tl.atomic_add(sync_ptr, 1)
+    row = ticket // n_splits
+    cols = (ticket % n_splits) * BLOCK + tl.arange(0, BLOCK)
+    offsets = row.to(tl.int64) * n_cols + cols
+    x = tl.load(x_ptr + offsets, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+    m = tl.max(x, axis=0)
+    tl.store(state_ptr + 2 * ticket, m)  # an all -inf chunk publishes the empty state (-inf, 0)
+    tl.store(state_ptr + 2 * ticket + 1, tl.sum(tl.exp(x - tl.where(m == -float("inf"), 0.0, m)), axis=0))
+    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+    while arrived < n_splits:
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+    sibling = row * n_splits + tl.arange(0, MAX_SPLITS)
+    live = tl.arange(0, MAX_SPLITS) < n_splits
+    ms = tl.load(state_ptr + 2 * sibling, mask=live, other=-3.0e38, cache_modifier=".cg")
+    ls = tl.load(state_ptr + 2 * sibling + 1, mask=live, other=0.0, cache_modifier=".cg")
+    m_row = tl.max(ms, axis=0)
+    inv_sum = 1.0 / tl.sum(ls * tl.exp(ms - m_row), axis=0)
+    tl.store(y_ptr + offsets, (tl.exp(x - m_row) * inv_sum).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+SPLIT_BLOCK = 8192        # columns per program of split_softmax_kernel (fp32: 32 KB in registers)
+SPLIT_MIN_COLS = 16384    # measured on an H200: below this, the looped kernel is as fast
+
+
 def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
                    block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """Row softmax for rows of any length with the looped online-softmax Triton kernel.
-    `block` (columns per step) and `num_warps` override the defaults when tuning."""
+    """Row softmax for rows of any length with the looped online-softmax Triton kernel (on a GPU,
+    long float32 rows are split across programs instead). `block` and `num_warps` tune the loop."""
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "online_softmax")
-    block = block or min(max(16, triton.next_power_of_2(n_cols)), 32768 // x.element_size())
-    online_softmax_kernel[(n_rows,)](x2, out2, n_cols, BLOCK=block,
-                                     num_warps=num_warps or _row_warps(block, x.element_size()))
+    if ON_GPU and x.dtype == torch.float32 and n_cols >= SPLIT_MIN_COLS and block is None:
+        splits = triton.cdiv(n_cols, SPLIT_BLOCK)
+        sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
+        states = torch.empty(2 * n_rows * splits, dtype=torch.float32, device=x.device)
+        split_softmax_kernel[(n_rows * splits,)](x2, out2, sync, states, n_cols, splits, BLOCK=SPLIT_BLOCK,
+                                                 MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=8)
+        return out
+    block = block or min(max(16, triton.next_power_of_2(n_cols)), 8192)  # defaults tuned on an H200
+    online_softmax_kernel[(n_rows,)](x2, out2, n_cols, BLOCK=block, num_warps=num_warps or max(1, block // 256))
     return out
 
 

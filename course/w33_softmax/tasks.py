@@ -19,6 +19,11 @@ def _with_neg_inf(rng, shape, fraction=0.3):
     return x
 
 
+def _masked_prefix(x, n):
+    x[..., :n] = -np.inf
+    return x
+
+
 def row_cases(rng, dtypes):
     """Rows of every awkward length, plus the adversarial inputs of softmax."""
     def normal(*shape):
@@ -33,6 +38,7 @@ def row_cases(rng, dtypes):
             Case("random (8, 1000)", (normal(8, 1000),), dtype),
             Case("random (2, 3, 129): leading dims are rows", (normal(2, 3, 129),), dtype),
             Case("long rows (3, 20000)", (normal(3, 20000),), dtype),
+            Case("long rows whose first 9000 logits are -inf", (_masked_prefix(normal(2, 20000), 9000),), dtype),
             Case(f"huge logits: uniform in ±{big:g}", (rng.uniform(-big, big, (6, 257)),), dtype),
             Case("very negative rows: around -300 (exp underflows without the max)",
                  (rng.normal(-300, 1, (4, 300)),), dtype),
