@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import backend
+from . import backend, bench, roofline  # noqa: F401 - notebooks use course.bench, course.roofline
 from .backend import DEVICE, ON_GPU, banner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,4 +49,4 @@ def show_source(obj) -> None:
     display(Code(text, language="cpp" if language == "cuda" else "python"))
 
 
-__all__ = ["DEVICE", "ON_GPU", "banner", "backend", "check", "show_source", "SOLUTIONS_MODE"]
+__all__ = ["DEVICE", "ON_GPU", "banner", "backend", "bench", "roofline", "check", "show_source", "SOLUTIONS_MODE"]

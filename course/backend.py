@@ -24,6 +24,8 @@ def _count_cuda_devices() -> int:
 
 
 ON_GPU = _count_cuda_devices() > 0
+# A cached CUDA program returns an empty ptxas log, and with it an empty resource report.
+os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
 

@@ -146,8 +146,12 @@ class CudaKernel:
         func = _cupy_function(self.source, self.name, CUDA_TYPES[dtype])
         packed = [np.uint64(a.data_ptr()) if isinstance(a, torch.Tensor)
                   else np.float32(a) if isinstance(a, float) else np.int32(a) for a in args]
+        import warnings
+
         import cupy
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; 13 has no replacement
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         with stream:
             func(tuple(grid), tuple(block), tuple(packed), shared_mem=shared_bytes)
 

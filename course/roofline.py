@@ -6,6 +6,10 @@ The FLOPs and bytes come from a week's cost model, the ceilings from course.benc
 import numpy as np
 
 
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.3g}"
+
+
 def plot(points, bandwidth_gbps: float, peak_tflops: float, title: str, ax=None):
     import matplotlib.pyplot as plt
     if ax is None:
@@ -15,12 +19,13 @@ def plot(points, bandwidth_gbps: float, peak_tflops: float, title: str, ax=None)
     x = np.logspace(np.log10(lo), np.log10(hi), 200)
     ax.loglog(x, np.minimum(x * bandwidth_gbps / 1e3, peak_tflops), "k-", lw=2)
     ridge = peak_tflops * 1e3 / bandwidth_gbps
-    ax.annotate(f"memory roof {bandwidth_gbps:,.0f} GB/s", (lo * 1.3, lo * 1.3 * bandwidth_gbps / 1e3 * 1.4),
+    ax.annotate(f"memory roof {_num(bandwidth_gbps)} GB/s", (lo * 1.3, lo * 1.3 * bandwidth_gbps / 1e3 * 2.2),
                 fontsize=8, rotation=22)
-    ax.annotate(f"compute roof {peak_tflops:,.1f} TFLOP/s (ridge at {ridge:.0f} FLOP/B)", (ridge * 1.2, peak_tflops * 1.15),
+    ax.annotate(f"compute roof {_num(peak_tflops)} TFLOP/s\n(ridge at {_num(ridge)} FLOP/B)", (ridge / 8, peak_tflops * 1.3),
                 fontsize=8)
     for label, flops, nbytes, ms in points:
-        ax.plot(flops / nbytes, flops / ms / 1e9, "o", label=f"{label}: {nbytes / ms / 1e6:,.0f} GB/s")
+        ax.plot(flops / nbytes, flops / ms / 1e9, "o", label=f"{label}: {_num(nbytes / ms / 1e6)} GB/s")
+    ax.set_ylim(top=peak_tflops * 4)
     ax.set_xlabel("arithmetic intensity (FLOP / byte of memory traffic)")
     ax.set_ylabel("achieved TFLOP/s")
     ax.set_title(title, fontsize=10)
