@@ -161,3 +161,21 @@ def _cupy_function(source: str, name: str, ctype: str):
     import cupy
     module = cupy.RawModule(code=PRELUDE + source, options=OPTIONS, name_expressions=[f"{name}<{ctype}>"])
     return module.get_function(f"{name}<{ctype}>")
+
+
+# Per-SM limits of the lent GPUs (H100 / H200, compute capability 9.0).
+HOPPER_SM = {"registers": 65536, "threads": 2048, "shared_bytes": 228 * 1024, "blocks": 32}
+
+
+def occupancy(registers: int, shared_bytes: int, threads: int, sm: dict = HOPPER_SM):
+    """Resident blocks per SM for a kernel's resources, the share of the SM's thread slots they
+    fill, and which limit binds. Registers are allocated per warp in units of 256; each block also
+    reserves 1 KB of shared memory for the system."""
+    regs_per_warp = -(-registers * 32 // 256) * 256
+    limits = {"registers": sm["registers"] // (regs_per_warp * (threads // 32)),
+              "threads": sm["threads"] // threads,
+              "shared memory": sm["shared_bytes"] // (shared_bytes + 1024),
+              "blocks": sm["blocks"]}
+    blocks = min(limits.values())
+    limiter = " and ".join(name for name, value in limits.items() if value == blocks)
+    return blocks, blocks * threads / sm["threads"], limiter

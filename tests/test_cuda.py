@@ -29,3 +29,12 @@ def test_running_without_a_gpu_is_a_one_line_skip_reason():
 def test_unsupported_dtype_is_a_clear_error():
     with pytest.raises(TypeError, match="float64 is not supported"):
         sol.block_softmax(torch.zeros(2, 8, dtype=torch.float64))
+
+
+def test_occupancy_by_hand():
+    # 32 regs x 32 lanes = 1024 per warp; 256 threads = 8 warps = 8192 regs -> 8 blocks; 2048/256 = 8.
+    assert cuda.occupancy(32, 1024, 256) == (8, 1.0, "registers and threads")
+    # 128 regs: 4096 per warp, 32 warps of 1024 threads = 131072 > 65536 -> 0 blocks fit.
+    assert cuda.occupancy(128, 0, 1024)[0] == 0
+    # 100 KB of shared memory: (228 KB) // (101 KB) = 2 blocks, the binding limit.
+    assert cuda.occupancy(16, 100 * 1024, 64) == (2, 2 * 64 / 2048, "shared memory")
