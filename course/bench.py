@@ -18,10 +18,46 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def gpu_ms(fn) -> float:
-    """Median time of fn() in ms: device events, warm-up, L2 flushed before each run (do_bench)."""
-    import triton
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+FLUSH_BYTES = 256 << 20  # several times any GPU's L2
+_FLUSH = None            # the buffer _flush_l2 reads, allocated on first use
+
+
+def _flush_l2() -> None:
+    """Evict the L2 cache by reading a large buffer. Reading leaves clean lines behind; zeroing the
+    buffer (what triton.testing.do_bench does) leaves tens of MB of dirty lines whose write-back is
+    then charged to the next kernel timed: 6 µs on an H200, 8% of a 70 µs softmax (notes/w33_perf.md)."""
+    import torch
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
+    _FLUSH.sum()
+
+
+def gpu_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
+    """Median time of fn() in ms: device events around each call, after warm-up, with the L2
+    flushed (by a read) before each call, so inputs start in HBM."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    probe = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    probe[0].record()
+    for _ in range(5):
+        fn()
+    probe[1].record()
+    torch.cuda.synchronize()
+    estimate = max(probe[0].elapsed_time(probe[1]) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    n = max(10, min(10_000, int(rep_ms / estimate)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in events:
+        _flush_l2()
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(start.elapsed_time(end) for start, end in events)
+    return times[n // 2]
 
 
 def cpu_ms(fn, repeat: int = 5) -> float:
