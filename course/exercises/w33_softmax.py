@@ -236,14 +236,17 @@ def online_softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits,
+def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, clean_ptr, n_cols, n_splits, n_clean,
                          BLOCK: tl.constexpr, MAX_SPLITS: tl.constexpr):
     # GPU only. A long row is split over n_splits programs, each holding BLOCK columns in registers:
     # each publishes its (m, l), waits for its siblings, merges their states (day 5's merge) and
     # writes. Reads MN once, writes MN once. Programs take tickets in the order they start, so a
     # program only waits for siblings that have already started: no deadlock as long as n_splits
-    # programs fit on the GPU at once.
+    # programs fit on the GPU at once. The counters in sync_ptr start at zero; this launch zeroes
+    # clean_ptr (the previous launch's counters) for the next one, which saves a memset per call.
     ticket = tl.atomic_add(sync_ptr, 1)
+    for j in range(tl.program_id(0), n_clean, tl.num_programs(0)):
+        tl.store(clean_ptr + j, 0)
     row = ticket // n_splits
     cols = (ticket % n_splits) * BLOCK + tl.arange(0, BLOCK)
     offsets = row.to(tl.int64) * n_cols + cols
@@ -265,6 +268,18 @@ def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits,
 
 SPLIT_BLOCK = 8192        # columns per program of split_softmax_kernel (fp32: 32 KB in registers)
 SPLIT_MIN_COLS = 16384    # measured on an H200: below this, the looped kernel is as fast
+_COUNTERS: dict = {}      # (device, stream) -> two int32 counter buffers, swapped at every launch
+
+
+def _split_counters(n: int, device) -> tuple:
+    """The zeroed counters a split launch counts in, and the previous launch's, which it zeroes.
+    Launches on one stream run in order, so a buffer is clean again before its next use."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream)
+    pair = _COUNTERS.get(key)
+    if pair is None or pair[0].numel() < n:
+        pair = [torch.zeros(n, dtype=torch.int32, device=device) for _ in range(2)]
+    _COUNTERS[key] = pair[::-1]
+    return pair[0], pair[1]
 
 
 def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
@@ -274,10 +289,11 @@ def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "online_softmax")
     if ON_GPU and x.dtype == torch.float32 and n_cols >= SPLIT_MIN_COLS and block is None:
         splits = triton.cdiv(n_cols, SPLIT_BLOCK)
-        sync = torch.zeros(1 + n_rows, dtype=torch.int32, device=x.device)
+        sync, clean = _split_counters(1 + n_rows, x.device)
         states = torch.empty(2 * n_rows * splits, dtype=torch.float32, device=x.device)
-        split_softmax_kernel[(n_rows * splits,)](x2, out2, sync, states, n_cols, splits, BLOCK=SPLIT_BLOCK,
-                                                 MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=8)
+        split_softmax_kernel[(n_rows * splits,)](x2, out2, sync, states, clean, n_cols, splits, clean.numel(),
+                                                 BLOCK=SPLIT_BLOCK, MAX_SPLITS=max(2, triton.next_power_of_2(splits)),
+                                                 num_warps=8)
         return out
     block = block or min(max(16, triton.next_power_of_2(n_cols)), 8192)  # defaults tuned on an H200
     online_softmax_kernel[(n_rows,)](x2, out2, n_cols, BLOCK=block, num_warps=num_warps or max(1, block // 256))
