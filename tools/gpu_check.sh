@@ -10,5 +10,6 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python3 -m course doctor
 python3 -m course grade "$sel" --solutions 2>&1 | tee "$out/grade.txt"
 python3 -m course mutants "$sel" 2>&1 | tee "$out/mutants.txt"
+python3 -m pytest -q tests/test_split_softmax.py 2>&1 | tail -3
 if [ -n "${2:-}" ]; then python3 -c "$2" 2>&1 | tee "$out/extra.txt"; fi
 python3 -m course bench "$sel" --csv "$out/bench.csv" 2>&1 | tail -80
