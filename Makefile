@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 WEEK   ?=
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 
-.PHONY: env lab test grade solutions bench doctor clean
+.PHONY: env lab test site grade solutions bench doctor clean
 
 env: $(STAMP)
 
@@ -21,10 +21,19 @@ lab: $(STAMP)
 	$(PY) -m course doctor
 	$(VENV)/bin/jupyter lab notebooks/
 
-# Unit and grader tests, mutants, stub/solution sync, and every notebook run by nbval
-# against the reference solutions.
-test: $(STAMP)
+# Unit and grader tests, mutants, stub/solution sync, every notebook run by nbval against the
+# reference solutions, and the built site opened in headless Chromium (tests/test_site.py).
+test: site
 	COURSE_SOLUTIONS=1 $(PYTEST) --nbval-lax tests notebooks
+
+# The course as a static site in _build/html, notebooks executed with the reference solutions.
+# Execution is cached in _build/.jupyter_cache: an unchanged notebook is not run again.
+# Warnings (broken references, missing images) and cell errors fail the build.
+site: $(STAMP)
+	$(PY) -m course.site
+	COURSE_SOLUTIONS=1 $(VENV)/bin/jupyter-book build . --config book/_config.yml --toc _build/toc.yml \
+		-W --keep-going -q
+	@echo "site: open _build/html/index.html"
 
 # make grade            -> every exercise;  make grade WEEK=33 -> one week
 grade: $(STAMP)
