@@ -1,0 +1,341 @@
+"""Your exercises. Generated from solutions/w34_layernorm.py by `python -m course stubs`.
+
+Replace every `YOUR CODE HERE` line with your code, then run the grading cell in the notebook
+(or `python -m course grade w34.<exercise>`). The reference solutions are in solutions/w34_layernorm.py:
+try first, peek later.
+"""
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from course.backend import ON_GPU
+from course.cuda import CudaKernel
+from course.rows import prepare_rows
+
+EPS = 1e-5
+MAX_COLS = 65536  # the Triton kernels hold a whole row in one block
+
+
+# ---------------------------------------------------------------- day 2: Welford and Chan, in NumPy
+def welford_variance(x: np.ndarray):
+    """Mean and population variance of each row of `x`, in one pass over the columns (Welford)."""
+    count = 0
+    mean = np.zeros(x.shape[:-1], dtype=x.dtype)
+    m2 = np.zeros_like(mean)
+    for j in range(x.shape[-1]):
+        value = x[..., j]
+        # YOUR CODE HERE
+    return mean, m2 / count
+
+
+def chan_merge(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
+    """The (count, mean, M2) state of the union of two parts of the same rows (Chan et al. 1979).
+    Empty parts have count 0, mean 0, M2 0."""
+    # YOUR CODE HERE
+    return n, mean, m2
+
+
+# ---------------------------------------------------------------- day 3: LayerNorm forward in CUDA C
+LN_THREADS = 256  # the launch below and THREADS in the source must agree
+
+CUDA_LAYERNORM_SRC = r"""
+// One block of THREADS threads per row. Each thread keeps a Welford state over its columns; the
+// states meet in two shuffle trees (within each warp, then across warps). Reads the row twice
+// (statistics, then the write pass, mostly from L2), writes it once, plus mean and rstd per row.
+constexpr int THREADS = 256;
+constexpr int WARPS = THREADS / 32;
+
+struct Stats { float n, mean, m2; };
+
+__device__ Stats merge(Stats a, Stats b) {
+    // YOUR CODE HERE
+}
+
+__device__ Stats warp_merge(Stats s) {
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        Stats other = {__shfl_xor_sync(0xffffffffu, s.n, offset), __shfl_xor_sync(0xffffffffu, s.mean, offset),
+                       __shfl_xor_sync(0xffffffffu, s.m2, offset)};
+        s = merge(s, other);
+    }
+    return s;
+}
+
+template <typename T>
+__global__ void cuda_layernorm(const T* x, const T* weight, const T* bias, T* y, float* mean_out,
+                               float* rstd_out, int n_cols, float eps) {
+    __shared__ Stats partial[WARPS];
+    const T* row = x + (size_t)blockIdx.x * n_cols;
+    T* out = y + (size_t)blockIdx.x * n_cols;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+
+    Stats s = {0.f, 0.f, 0.f};
+    for (int j = threadIdx.x; j < n_cols; j += THREADS) {  // the seed's Welford update
+        const float v = to_float(row[j]);
+        s.n += 1.f;
+        const float delta = v - s.mean;
+        s.mean += delta / s.n;
+        s.m2 += delta * (v - s.mean);
+    }
+    s = warp_merge(s);
+    if (lane == 0) partial[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        s = warp_merge(lane < WARPS ? partial[lane] : Stats{0.f, 0.f, 0.f});
+        if (lane == 0) partial[0] = s;
+    }
+    __syncthreads();
+    s = partial[0];
+    const float mean = s.mean;
+    // YOUR CODE HERE
+    if (threadIdx.x == 0) {
+        mean_out[blockIdx.x] = mean;
+        rstd_out[blockIdx.x] = rstd;
+    }
+}
+"""
+cuda_layernorm_kernel = CudaKernel(CUDA_LAYERNORM_SRC, "cuda_layernorm")
+
+
+def _check_params(op: str, x: torch.Tensor, *params: torch.Tensor) -> None:
+    for p in params:
+        if not isinstance(p, torch.Tensor) or p.shape != (x.shape[-1],) or p.dtype != x.dtype or p.device != x.device:
+            got = f"{p.dtype} {tuple(p.shape)} on {p.device}" if isinstance(p, torch.Tensor) else type(p).__name__
+            raise ValueError(f"{op}: weight and bias must be {x.dtype} vectors of length {x.shape[-1]} "
+                             f"on {x.device}; got {got}")
+
+
+def _stats_like(x: torch.Tensor) -> torch.Tensor:
+    """One statistic per row (shape x.shape[:-1]), in the compute dtype."""
+    return torch.empty(x.shape[:-1], dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
+
+
+def cuda_layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None,
+                   eps: float = EPS) -> torch.Tensor:
+    """LayerNorm over the last dimension with the block-per-row CUDA C kernel (Welford statistics)."""
+    x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "cuda_layernorm")
+    _check_params("cuda_layernorm", x, weight, bias)
+    mean, rstd = _stats_like(x), _stats_like(x)
+    cuda_layernorm_kernel((n_rows,), (LN_THREADS,), x2, weight, bias, out2, mean, rstd, n_cols, float(eps))
+    return out
+
+
+# ---------------------------------------------------------------- day 4: forward in Triton
+def _compute_dtype(x: torch.Tensor):
+    return tl.float64 if x.dtype == torch.float64 else tl.float32
+
+
+def _row_launch(n_cols: int, element_size: int, op: str) -> tuple[int, int]:
+    """(BLOCK, num_warps) for a one-program-per-row kernel: 16 bytes per thread per load."""
+    if n_cols > MAX_COLS:
+        raise ValueError(f"{op}: rows of {n_cols} columns do not fit one block (at most {MAX_COLS})")
+    block = triton.next_power_of_2(n_cols)
+    return block, max(1, min(16, block * element_size // 2048))
+
+
+@triton.jit
+def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
+                     BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+    # One program per row, the whole row in registers, so the two-pass variance (mean first, then the
+    # centred squares) costs no second read. Reads MN (+ 2N for w, b), writes MN + 2M.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    mean = tl.sum(x.to(COMPUTE), axis=0) / n_cols
+    centred = tl.where(mask, x.to(COMPUTE) - mean, 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
+    y = (x.to(COMPUTE) - mean) * rstd * w + b
+    tl.store(y_ptr + row * n_cols + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(mean_ptr + row, mean)
+    tl.store(rstd_ptr + row, rstd)
+
+
+def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None,
+              eps: float = EPS):
+    """LayerNorm over the last dimension (Triton). Returns (y, mean, rstd); mean and rstd per row."""
+    x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "layernorm")
+    _check_params("layernorm", x, weight, bias)
+    mean, rstd = _stats_like(x), _stats_like(x)
+    block, warps = _row_launch(n_cols, x.element_size(), "layernorm")
+    layernorm_kernel[(n_rows,)](x2, weight, bias, out2, mean, rstd, n_cols, eps, BLOCK=block,
+                                COMPUTE=_compute_dtype(x), num_warps=warps)
+    return out, mean, rstd
+
+
+@triton.jit
+def rmsnorm_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+    # One program per row: y = x * rstd * w with rstd = 1 / sqrt(mean(x²) + eps). Reads MN, writes MN + M.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+    # YOUR CODE HERE
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, eps: float = EPS):
+    """RMSNorm over the last dimension (Triton). Returns (y, rstd)."""
+    x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "rmsnorm")
+    _check_params("rmsnorm", x, weight)
+    rstd = _stats_like(x)
+    block, warps = _row_launch(n_cols, x.element_size(), "rmsnorm")
+    rmsnorm_kernel[(n_rows,)](x2, weight, out2, rstd, n_cols, eps, BLOCK=block, COMPUTE=_compute_dtype(x),
+                              num_warps=warps)
+    return out, rstd
+
+
+# ---------------------------------------------------------------- day 5: backward
+@triton.jit
+def normalized_grad(xhat, wdy, rstd, n_cols, CENTRED: tl.constexpr):
+    # dx of one row, from xhat = (x - mean) * rstd (x * rstd for RMSNorm) and wdy = w * dy, both
+    # zero in the padding lanes.
+    # YOUR CODE HERE
+    return dx
+
+
+@triton.jit
+def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+                         n_rows, n_cols, rows_per_program, BLOCK: tl.constexpr, CENTRED: tl.constexpr,
+                         COMPUTE: tl.constexpr):
+    # Program p owns rows [p·R, p·R + R): it writes their dx and adds their dy·xhat (and dy) into one
+    # partial row of dγ (and dβ), stored once at the end: stage 1 of the weight gradients.
+    # Reads 2MN (x, dy), writes MN (dx) + 2·P·N partials.
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
+    dw = tl.zeros([BLOCK], COMPUTE)
+    db = tl.zeros([BLOCK], COMPUTE)
+    first = pid * rows_per_program
+    for i in range(0, tl.minimum(rows_per_program, n_rows - first)):
+        row = first + i
+        offsets = row.to(tl.int64) * n_cols + cols
+        x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
+        dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
+        rstd = tl.load(rstd_ptr + row)
+        if CENTRED:
+            x = x - tl.load(mean_ptr + row)
+        xhat = tl.where(mask, x * rstd, 0.0)
+        dx = normalized_grad(xhat, w * dy, rstd, n_cols, CENTRED)
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+        db += dy
+    tl.store(dw_part_ptr + pid * n_cols + cols, dw, mask=mask)
+    if CENTRED:
+        tl.store(db_part_ptr + pid * n_cols + cols, db, mask=mask)
+
+
+@triton.jit
+def weight_grad_kernel(part_ptr, out_ptr, n_parts, n_cols, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+    # Stage 2: program j sums columns [j·BLOCK_N, (j+1)·BLOCK_N) of the [n_parts, n_cols] partial
+    # rows over all parts, BLOCK_P parts at a time. Reads P·N, writes N.
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # YOUR CODE HERE
+    tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+def _sum_parts(parts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    n_parts, n_cols = parts.shape
+    out = torch.empty(n_cols, dtype=like.dtype, device=like.device)
+    block_n = min(64, triton.next_power_of_2(n_cols))
+    weight_grad_kernel[(triton.cdiv(n_cols, block_n),)](parts, out, n_parts, n_cols, BLOCK_P=32 if ON_GPU else 4,
+                                                        BLOCK_N=block_n, num_warps=4)
+    return out
+
+
+def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor | None,
+                  rstd: torch.Tensor, programs: int | None = None):
+    """Gradients of LayerNorm (mean given) or RMSNorm (mean None) from the saved statistics.
+    Returns (dx, dweight, dbias); dbias is None for RMSNorm."""
+    x2, dx2, dx, n_rows, n_cols = prepare_rows(x, None, "norm_backward")
+    _check_params("norm_backward", x, weight)
+    if dy.shape != x.shape or dy.dtype != x.dtype or not dy.is_contiguous():
+        raise ValueError(f"norm_backward: dy must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    block, warps = _row_launch(n_cols, x.element_size(), "norm_backward")
+    if programs is None:  # enough programs to fill the GPU; on CPU a few, so stage 2 has parts to sum
+        programs = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if ON_GPU else 6
+    rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))
+    n_parts = triton.cdiv(n_rows, rows_per_program)
+    centred = mean is not None
+    parts = torch.empty((2 if centred else 1, n_parts, n_cols), dtype=rstd.dtype, device=x.device)
+    norm_backward_kernel[(n_parts,)](x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2,
+                                     parts[0], parts[-1], n_rows, n_cols, rows_per_program, BLOCK=block,
+                                     CENTRED=centred, COMPUTE=_compute_dtype(x), num_warps=warps)
+    dbias = _sum_parts(parts[1], x) if centred else None
+    return dx, _sum_parts(parts[0], x), dbias
+
+
+def layernorm_dx(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+    """dL/dx of LayerNorm (bias 0) for upstream gradient dy: forward for the statistics, then backward."""
+    _, mean, rstd = layernorm(x, weight, torch.zeros_like(weight))
+    return norm_backward(x, weight, dy, mean, rstd)[0]
+
+
+def norm_weight_grad(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor):
+    """(dL/dweight, dL/dbias) of LayerNorm for upstream gradient dy, through the two-stage reduction."""
+    _, mean, rstd = layernorm(x, weight, torch.zeros_like(weight))
+    _, dweight, dbias = norm_backward(x, weight, dy, mean, rstd)
+    return dweight, dbias
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """LayerNorm with the course's Triton kernels: `LayerNormFunction.apply(x, weight, bias, eps)`."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps=EPS):
+        y, mean, rstd = layernorm(x.contiguous(), weight, bias, eps=eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dweight, dbias = norm_backward(x.contiguous(), weight, dy.contiguous(), mean, rstd)
+        return dx, dweight, dbias, None
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """RMSNorm with the course's Triton kernels: `RMSNormFunction.apply(x, weight, eps)`."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps=EPS):
+        y, rstd = rmsnorm(x.contiguous(), weight, eps=eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, rstd = ctx.saved_tensors
+        dx, dweight, _ = norm_backward(x.contiguous(), weight, dy.contiguous(), None, rstd)
+        return dx, dweight, None
+
+
+# ---------------------------------------------------------------- day 6: fused residual add + RMSNorm
+@triton.jit
+def fused_add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n_cols, eps, BLOCK: tl.constexpr,
+                             COMPUTE: tl.constexpr):
+    # One program per row of a pre-norm block: h = x + residual (stored: the next block's residual),
+    # y = RMSNorm(h) · w from the registers. Reads 2MN, writes 2MN; unfused, add + norm move 5MN.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    offsets = row * n_cols + cols
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    r = tl.load(r_ptr + offsets, mask=mask, other=0.0)
+    # YOUR CODE HERE
+
+
+def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None,
+                      eps: float = EPS):
+    """h = x + residual and y = RMSNorm(h) · weight in one pass. Returns (y, h)."""
+    x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "fused_add_rmsnorm")
+    _check_params("fused_add_rmsnorm", x, weight)
+    if residual.shape != x.shape or residual.dtype != x.dtype or not residual.is_contiguous():
+        raise ValueError(f"fused_add_rmsnorm: residual must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
+    h = torch.empty_like(x)
+    block, warps = _row_launch(n_cols, x.element_size(), "fused_add_rmsnorm")
+    fused_add_rmsnorm_kernel[(n_rows,)](x2, residual.view(-1, n_cols), weight, out2, h.view(-1, n_cols), n_cols, eps,
+                                        BLOCK=block, COMPUTE=_compute_dtype(x), num_warps=warps)
+    return out, h

@@ -1,0 +1,63 @@
+"""Week 34 benchmark: forward and backward of both norms and the fused residual add + RMSNorm, course
+kernels vs torch (F.layer_norm, F.rms_norm, their autograd backward, eager add + rms_norm) and the copy
+ceiling, fp32 and bf16, one run. Bytes come from the cost model (reference.norm_cost)."""
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .. import bench
+from .reference import norm_cost
+
+SIZES = ((4096, 1024), (4096, 4096), (4096, 8192), (4096, 16384), (32768, 4096))
+DTYPES = ("float32", "bfloat16")
+
+
+def cases(x, w, b, dy, r):
+    """{kernel: (stage, peer, fn)}: each course kernel names the torch op it is compared with."""
+    import torch
+    import torch.nn.functional as F
+    from solutions import w34_layernorm as s
+    n = x.shape[-1]
+    _, mean, rstd = s.layernorm(x, w, b)
+    _, rms_rstd = s.rmsnorm(x, w)
+    xg, wg, bg = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    y_ln, y_rms = F.layer_norm(xg, (n,), wg, bg), F.rms_norm(xg, (n,), wg, eps=1e-5)
+    out = torch.empty_like(x)
+    return {
+        "layernorm": ("forward", "F.layer_norm", lambda: s.layernorm(x, w, b, out)),
+        "cuda_layernorm": ("forward", "F.layer_norm", lambda: s.cuda_layernorm(x, w, b, out)),
+        "F.layer_norm": ("forward", "F.layer_norm", lambda: F.layer_norm(x, (n,), w, b)),
+        "rmsnorm": ("forward", "F.rms_norm", lambda: s.rmsnorm(x, w, out)),
+        "F.rms_norm": ("forward", "F.rms_norm", lambda: F.rms_norm(x, (n,), w, eps=1e-5)),
+        "copy": ("forward", "F.layer_norm", lambda: out.copy_(x)),
+        "layernorm_backward": ("backward", "torch layer_norm backward", lambda: s.norm_backward(x, w, dy, mean, rstd)),
+        "torch layer_norm backward": ("backward", "torch layer_norm backward",
+                                      lambda: torch.autograd.grad(y_ln, (xg, wg, bg), dy, retain_graph=True)),
+        "rmsnorm_backward": ("backward", "torch rms_norm backward", lambda: s.norm_backward(x, w, dy, None, rms_rstd)),
+        "torch rms_norm backward": ("backward", "torch rms_norm backward",
+                                    lambda: torch.autograd.grad(y_rms, (xg, wg), dy, retain_graph=True)),
+        "fused_add_rmsnorm": ("fused", "torch add + F.rms_norm", lambda: s.fused_add_rmsnorm(x, r, w, out)),
+        "torch add + F.rms_norm": ("fused", "torch add + F.rms_norm", lambda: F.rms_norm(x + r, (n,), w, eps=1e-5)),
+    }
+
+
+def run() -> pd.DataFrame:
+    import torch
+    ceiling = bench.copy_ceiling_gbps()
+    matmul = bench.matmul_ceiling_tflops()
+    rows = []
+    for dtype, (m, n) in tqdm([(d, s) for d in DTYPES for s in SIZES], desc="w34 norms"):
+        dt = getattr(torch, dtype)
+        x, dy, r = (torch.randn(m, n, device="cuda", dtype=dt) for _ in range(3))
+        w, b = (1 + 0.1 * torch.randn(n, device="cuda", dtype=dt)), 0.1 * torch.randn(n, device="cuda", dtype=dt)
+        for name, (stage, peer, fn) in cases(x, w, b, dy, r).items():
+            ms = bench.gpu_ms(fn)
+            gbps = norm_cost(m, n, x.element_size(), stage)["bytes"] / ms / 1e6
+            rows.append({"stage": stage, "kernel": name, "peer": peer, "dtype": dtype, "M": m, "N": n,
+                         "ms": round(ms, 4), "GB/s": round(gbps, 1), "vs_copy": round(gbps / ceiling, 3),
+                         "copy_ceiling_GB/s": round(ceiling, 1), "matmul_ceiling_TFLOP/s": round(matmul, 1)})
+        del x, dy, r
+    table = pd.DataFrame(rows)
+    peer_gbps = table.set_index(["kernel", "dtype", "M", "N"])["GB/s"]
+    table["vs_torch"] = [round(r["GB/s"] / peer_gbps[(r["peer"], r["dtype"], r["M"], r["N"])], 2)
+                         for _, r in table.iterrows()]
+    return table

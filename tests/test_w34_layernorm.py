@@ -1,0 +1,66 @@
+"""Week 34 kernels without an exercise of their own: the Triton LayerNorm forward, the RMSNorm backward,
+the autograd Functions (gradcheck in float64) and the launchers' errors. Runs on CPU (interpreter) or GPU."""
+import numpy as np
+import pytest
+import torch
+
+from course import DEVICE
+from course.w34_layernorm import reference as ref
+from solutions import w34_layernorm as s
+
+
+def _data(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * 2
+    w = 1 + 0.5 * torch.randn(shape[-1], generator=g, dtype=torch.float64)
+    b = 0.5 * torch.randn(shape[-1], generator=g, dtype=torch.float64)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64)
+    return [t.to(device=DEVICE, dtype=dtype) for t in (x, w, b, dy)]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (5, 33), (2, 3, 129)])
+def test_layernorm_forward_matches_reference(shape):
+    x, w, b, _ = _data(shape)
+    y, mean, rstd = s.layernorm(x, w, b)
+    want = ref.layernorm(*(t.double().cpu().numpy() for t in (x, w, b)))
+    for got, expected in zip((y, mean, rstd), want):
+        np.testing.assert_allclose(got.double().cpu().numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rmsnorm_backward_matches_reference():
+    x, w, _, dy = _data((6, 45))
+    _, rstd = s.rmsnorm(x, w)
+    dx, dw, db = s.norm_backward(x, w, dy, None, rstd)
+    assert db is None
+    want = ref.norm_backward(*(t.double().cpu().numpy() for t in (x, w, dy)), centred=False)
+    np.testing.assert_allclose(dx.double().cpu().numpy(), want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw.double().cpu().numpy(), want[1], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_autograd_function_passes_gradcheck_in_float64(norm):
+    x, w, b, _ = (t.requires_grad_() for t in _data((3, 7), torch.float64))
+    if norm == "layernorm":
+        assert torch.autograd.gradcheck(lambda x, w, b: s.LayerNormFunction.apply(x, w, b, 1e-5), (x, w, b))
+    else:
+        assert torch.autograd.gradcheck(lambda x, w: s.RMSNormFunction.apply(x, w, 1e-5), (x, w))
+
+
+def test_gradcheck_catches_a_wrong_backward(monkeypatch):
+    """The gradcheck above can fail: with dx scaled wrongly it does."""
+    x, w, b, _ = (t.requires_grad_() for t in _data((3, 7), torch.float64))
+    real = s.norm_backward
+    monkeypatch.setattr(s, "norm_backward", lambda *a, **k: tuple(
+        g * 1.01 if i == 0 else g for i, g in enumerate(real(*a, **k))))
+    assert not torch.autograd.gradcheck(lambda x, w, b: s.LayerNormFunction.apply(x, w, b, 1e-5), (x, w, b),
+                                        raise_exception=False)
+
+
+def test_launchers_explain_bad_arguments():
+    x, w, b, _ = _data((4, 8))
+    with pytest.raises(ValueError, match="weight and bias must be"):
+        s.layernorm(x, w[:4], b)
+    with pytest.raises(ValueError, match="do not fit one block"):
+        s.rmsnorm(torch.zeros(1, s.MAX_COLS + 1, device=DEVICE), torch.ones(s.MAX_COLS + 1, device=DEVICE))
+    with pytest.raises(ValueError, match="residual must be"):
+        s.fused_add_rmsnorm(x, x[:2], w)
