@@ -126,11 +126,12 @@ def _compute_dtype(x: torch.Tensor):
 
 
 def _row_launch(n_cols: int, element_size: int, op: str) -> tuple[int, int]:
-    """(BLOCK, num_warps) for a one-program-per-row kernel: 16 bytes per thread per load."""
+    """(BLOCK, num_warps) for a one-program-per-row kernel: about 4 KB of the row per warp, 4 to 16
+    warps (swept on an H200 with tools/exp_w34.py)."""
     if n_cols > MAX_COLS:
         raise ValueError(f"{op}: rows of {n_cols} columns do not fit one block (at most {MAX_COLS})")
     block = triton.next_power_of_2(n_cols)
-    return block, max(1, min(16, block * element_size // 2048))
+    return block, max(4, min(16, block * element_size // 4096))
 
 
 @triton.jit
@@ -253,16 +254,17 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
     _check_params("norm_backward", x, weight)
     if dy.shape != x.shape or dy.dtype != x.dtype or not dy.is_contiguous():
         raise ValueError(f"norm_backward: dy must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
-    block, warps = _row_launch(n_cols, x.element_size(), "norm_backward")
-    if programs is None:  # enough programs to fill the GPU; on CPU a few, so stage 2 has parts to sum
-        programs = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count if ON_GPU else 6
+    block, _ = _row_launch(n_cols, x.element_size(), "norm_backward")
+    if programs is None:  # one or two programs per SM (swept on an H200); on CPU a few, so stage 2 has parts to sum
+        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if ON_GPU else 3
+        programs = (2 if n_cols <= 4096 else 1) * sms
     rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))
     n_parts = triton.cdiv(n_rows, rows_per_program)
     centred = mean is not None
     parts = torch.empty((2 if centred else 1, n_parts, n_cols), dtype=rstd.dtype, device=x.device)
     norm_backward_kernel[(n_parts,)](x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2,
                                      parts[0], parts[-1], n_rows, n_cols, rows_per_program, BLOCK=block,
-                                     CENTRED=centred, COMPUTE=_compute_dtype(x), num_warps=warps)
+                                     CENTRED=centred, COMPUTE=_compute_dtype(x), num_warps=8)
     dbias = _sum_parts(parts[1], x) if centred else None
     return dx, _sum_parts(parts[0], x), dbias
 
