@@ -10,8 +10,8 @@ from course.stubs import ROOT
 from solutions import w33_softmax as sol
 
 
-def load_stubs():
-    spec = importlib.util.spec_from_file_location("w33_stub_under_test", ROOT / "course/exercises/w33_softmax.py")
+def load_stubs(week: str = "w33_softmax"):
+    spec = importlib.util.spec_from_file_location(f"{week}_stub_under_test", ROOT / f"course/exercises/{week}.py")
     module = importlib.util.module_from_spec(spec)
     import sys
     sys.modules[spec.name] = module
@@ -28,7 +28,7 @@ def test_solution_passes_and_report_names_cases_and_tolerance():
 
 @pytest.mark.parametrize("exercise_id", list(registry.all_tasks()))
 def test_every_stub_says_not_implemented_yet(exercise_id):
-    stubs = load_stubs()
+    stubs = load_stubs(registry.week_of(exercise_id))
     with pytest.raises(grading.NotImplementedYet, match="not implemented yet"):
         course.check(exercise_id, getattr(stubs, exercise_id.split(".")[1]))
 
@@ -124,3 +124,27 @@ def test_every_tolerance_has_a_reason():
 def test_unknown_exercise_lists_the_known_ones():
     with pytest.raises(KeyError, match="w33.stable_softmax"):
         course.check("w33.nope", sol.stable_softmax)
+
+
+def test_sums_are_judged_against_the_size_of_their_terms():
+    """Weight gradients are sums with cancellation: the solution passes (judged against |dy·xhat| summed),
+    a real bug still fails, and the scale is the sum of the terms' sizes."""
+    from course.w34_layernorm import reference as ref
+    from solutions import w34_layernorm as w34
+    assert course.check("w34.norm_weight_grad", w34.norm_weight_grad).ran
+
+    def doubled_bias_grad(x, weight, dy):
+        dweight, dbias = w34.norm_weight_grad(x, weight, dy)
+        return dweight, 2 * dbias
+    with pytest.raises(grading.GradingError, match="dbias"):
+        course.check("w34.norm_weight_grad", doubled_bias_grad)
+    assert ref.norm_backward_scale(np.ones((2, 3)), np.ones(3), np.ones((2, 3)))[2].tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_launcher_must_return_the_out_it_was_given():
+    from solutions import w34_layernorm as w34
+
+    def fresh_output(x, weight, out=None):
+        return w34.rmsnorm(x, weight)  # ignores `out`
+    with pytest.raises(grading.GradingError, match="first output must be the `out` tensor"):
+        course.check("w34.rmsnorm", fresh_output)
