@@ -88,10 +88,6 @@ __global__ void cuda_layernorm(const T* x, const T* weight, const T* bias, T* y,
     s = partial[0];
     const float mean = s.mean;
     // YOUR CODE HERE
-    if (threadIdx.x == 0) {
-        mean_out[blockIdx.x] = mean;
-        rstd_out[blockIdx.x] = rstd;
-    }
 }
 """
 cuda_layernorm_kernel = CudaKernel(CUDA_LAYERNORM_SRC, "cuda_layernorm")
