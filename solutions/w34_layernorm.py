@@ -232,9 +232,10 @@ def normalized_grad(xhat, wdy, rstd, n_cols, CENTRED: tl.constexpr):
 @triton.jit
 def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
                          n_rows, n_cols, rows_per_program, BLOCK: tl.constexpr, CENTRED: tl.constexpr,
-                         COMPUTE: tl.constexpr):
+                         COMPUTE: tl.constexpr, STAGES: tl.constexpr, WANT_DX: tl.constexpr):
     # Program p owns rows [p·R, p·R + R): it writes their dx and adds their dy·xhat (and dy) into one
-    # partial row of dγ (and dβ), stored once at the end: stage 1 of the weight gradients.
+    # partial row of dγ (and dβ), stored once at the end: stage 1 of the weight gradients. The row loop is
+    # software-pipelined (STAGES): the next rows' x and dy are on their way while this one is reduced.
     # Reads 2MN (x, dy), writes MN (dx) + 2·P·N partials.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -243,7 +244,7 @@ def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pa
     dw = tl.zeros([BLOCK], COMPUTE)
     db = tl.zeros([BLOCK], COMPUTE)
     first = pid * rows_per_program
-    for i in range(0, tl.minimum(rows_per_program, n_rows - first)):
+    for i in tl.range(0, tl.minimum(rows_per_program, n_rows - first), num_stages=STAGES):
         row = first + i
         offsets = row.to(tl.int64) * n_cols + cols
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
@@ -252,8 +253,9 @@ def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pa
         if CENTRED:
             x = x - tl.load(mean_ptr + row)
         xhat = tl.where(mask, x * rstd, 0.0)
-        dx = normalized_grad(xhat, w * dy, rstd, n_cols, CENTRED)
-        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        if WANT_DX:
+            dx = normalized_grad(xhat, w * dy, rstd, n_cols, CENTRED)
+            tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
         db += dy
     tl.store(dw_part_ptr + pid * n_cols + cols, dw, mask=mask)
@@ -276,34 +278,39 @@ def weight_grad_kernel(part_ptr, out_ptr, n_parts, n_cols, BLOCK_P: tl.constexpr
     tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
+SUM_COLS = 64  # columns per program of weight_grad_kernel
+
+
 def _sum_parts(parts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     n_parts, n_cols = parts.shape
     out = torch.empty(n_cols, dtype=like.dtype, device=like.device)
-    block_n = min(64, triton.next_power_of_2(n_cols))
+    block_n = min(SUM_COLS, triton.next_power_of_2(n_cols))
     weight_grad_kernel[(triton.cdiv(n_cols, block_n),)](parts, out, n_parts, n_cols, BLOCK_P=32 if ON_GPU else 4,
                                                         BLOCK_N=block_n, num_warps=4)
     return out
 
 
 def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor | None,
-                  rstd: torch.Tensor, programs: int | None = None):
+                  rstd: torch.Tensor, programs: int | None = None, want_dx: bool = True):
     """Gradients of LayerNorm (mean given) or RMSNorm (mean None) from the saved statistics.
-    Returns (dx, dweight, dbias); dbias is None for RMSNorm."""
+    Returns (dx, dweight, dbias); dbias is None for RMSNorm, dx is not written when want_dx is False."""
     x2, dx2, dx, n_rows, n_cols = prepare_rows(x, None, "norm_backward")
     _check_params("norm_backward", x, weight)
     if dy.shape != x.shape or dy.dtype != x.dtype or not dy.is_contiguous():
         raise ValueError(f"norm_backward: dy must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     block, _ = _row_launch(n_cols, x.element_size(), "norm_backward")
-    if programs is None:  # one or two programs per SM (swept on an H200); on CPU a few, so stage 2 has parts to sum
+    short = n_cols * x.element_size() <= 8192  # rows of at most 8 KB (settings swept on an H200)
+    if programs is None:  # one or two programs per SM; on CPU a few, so stage 2 has parts to sum
         sms = torch.cuda.get_device_properties(x.device).multi_processor_count if ON_GPU else 3
-        programs = (2 if n_cols <= 4096 else 1) * sms
+        programs = (2 if short else 1) * sms
     rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))
     n_parts = triton.cdiv(n_rows, rows_per_program)
     centred = mean is not None
     parts = torch.empty((2 if centred else 1, n_parts, n_cols), dtype=rstd.dtype, device=x.device)
     norm_backward_kernel[(n_parts,)](x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2,
                                      parts[0], parts[-1], n_rows, n_cols, rows_per_program, BLOCK=block,
-                                     CENTRED=centred, COMPUTE=_compute_dtype(x), num_warps=8)
+                                     CENTRED=centred, COMPUTE=_compute_dtype(x), WANT_DX=want_dx,
+                                     STAGES=3 if n_cols <= 8192 else 1, num_warps=4 if n_cols <= 4096 else 8)
     dbias = _sum_parts(parts[1], x) if centred else None
     return dx, _sum_parts(parts[0], x), dbias
 
@@ -317,7 +324,7 @@ def layernorm_dx(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor) -> tor
 def norm_weight_grad(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor):
     """(dL/dweight, dL/dbias) of LayerNorm for upstream gradient dy, through the two-stage reduction."""
     _, mean, rstd = layernorm(x, weight, torch.zeros_like(weight))
-    _, dweight, dbias = norm_backward(x, weight, dy, mean, rstd)
+    _, dweight, dbias = norm_backward(x, weight, dy, mean, rstd, want_dx=False)  # gradable before layernorm_dx
     return dweight, dbias
 
 

@@ -14,7 +14,7 @@ OFFSET = 1e4
 OFFSET_SPREAD = {"float64": 1.0, "float32": 10.0, "float16": 30.0, "bfloat16": 100.0}
 _WHY = ("rows at 1e4: the float32 mean itself is off by up to ~5e-4 (half its spacing), which every "
         "(x - mean) / σ inherits at σ = {}")
-OFFSET_TOLERANCE = {"float32": (2e-3, 1e-4, _WHY.format(10)), "float16": (2e-4, 2e-3, _WHY.format(30)),
+OFFSET_TOLERANCE = {"float32": (2e-3, 5e-4, _WHY.format(10)), "float16": (2e-4, 2e-3, _WHY.format(30)),
                     "bfloat16": (1e-4, 1.6e-2, _WHY.format(100))}
 
 
@@ -104,14 +104,17 @@ def variance_hint(case, got, expected):
     return None
 
 
-def norm_hint(case, got, expected):
-    if "tiny" in case.name:
-        return "only the tiny rows are wrong: eps belongs inside the square root, 1/sqrt(var + eps)."
-    if "offset" in case.name:
-        return "the large-offset rows are wrong: compute the variance from centred values (x - mean)."
-    if "(37, 33)" in case.name or "7" in case.name:
-        return "odd widths are wrong: divide by the row length n_cols, not by the block size, and mask the padding."
-    return None
+def _norm_hint(centred: bool):
+    def hint(case, got, expected):
+        if case.name.startswith("tiny"):
+            return "only the tiny rows are wrong: eps belongs inside the square root, 1/sqrt(var + eps)."
+        if case.name.startswith("large offset") and centred:
+            return "the large-offset rows are wrong: compute the variance from centred values (x - mean)."
+        if case.inputs[0].shape[-1] in (7, 33, 129, 1000, 5000):
+            return "a width that is not a power of two is wrong: divide by the row length n_cols, not by the " \
+                   "block size, and mask the padding lanes."
+        return None
+    return hint
 
 
 def merge_hint(case, got, expected):
@@ -120,9 +123,9 @@ def merge_hint(case, got, expected):
     return None
 
 
-def _norm_task(name, backend, regions, cases, reference, outputs, writes_out=True, scale=None):
+def _norm_task(name, backend, regions, cases, reference, outputs, writes_out=True, scale=None, centred=True):
     return Task(f"w34.{name}", backend, regions, cases, reference, outputs=outputs, writes_out=writes_out,
-                banned=BANNED, hint=norm_hint, dtypes=ALL_DTYPES, scale=scale)
+                banned=BANNED, hint=_norm_hint(centred), dtypes=ALL_DTYPES, scale=scale)
 
 
 TASKS = {t.id: t for t in [
@@ -132,7 +135,8 @@ TASKS = {t.id: t for t in [
          banned=BANNED, hint=merge_hint, dtypes=("float64", "float32")),
     _norm_task("cuda_layernorm", "cuda", ("CUDA_LAYERNORM_SRC",), _norm_cases(_with_affine),
                lambda x, w, b: ref.layernorm(x, w, b)[:1], ("y",)),
-    _norm_task("rmsnorm", "triton", ("rmsnorm_kernel",), _norm_cases(_with_weight), ref.rmsnorm, ("y", "rstd")),
+    _norm_task("rmsnorm", "triton", ("rmsnorm_kernel",), _norm_cases(_with_weight), ref.rmsnorm, ("y", "rstd"),
+               centred=False),
     _norm_task("layernorm_dx", "triton", ("normalized_grad",), _norm_cases(_with_weight_and_grad),
                lambda x, w, dy: ref.norm_backward(x, w, dy)[:1], ("dx",), writes_out=False,
                scale=lambda x, w, dy: ref.norm_backward_scale(x, w, dy)[:1]),
@@ -140,5 +144,5 @@ TASKS = {t.id: t for t in [
                lambda x, w, dy: ref.norm_backward(x, w, dy)[1:], ("dweight", "dbias"), writes_out=False,
                scale=lambda x, w, dy: ref.norm_backward_scale(x, w, dy)[1:]),
     _norm_task("fused_add_rmsnorm", "triton", ("fused_add_rmsnorm_kernel",), _norm_cases(_with_residual),
-               ref.fused_add_rmsnorm, ("y", "h")),
+               ref.fused_add_rmsnorm, ("y", "h"), centred=False),
 ]}
