@@ -235,7 +235,7 @@ def weight_grad_kernel(part_ptr, out_ptr, n_parts, n_cols, BLOCK_P: tl.constexpr
     tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
-SUM_COLS = 64  # columns per program of weight_grad_kernel
+SUM_COLS = 32  # columns per program of weight_grad_kernel (tools/exp_w34_sum.py: 32 beats 16-256)
 
 
 def _sum_parts(parts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
