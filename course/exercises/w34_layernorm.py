@@ -121,13 +121,13 @@ def _compute_dtype(x: torch.Tensor):
     return tl.float64 if x.dtype == torch.float64 else tl.float32
 
 
-def _row_launch(n_cols: int, element_size: int, op: str) -> tuple[int, int]:
-    """(BLOCK, num_warps) for a one-program-per-row kernel: about 4 KB of the row per warp, 4 to 16
-    warps (swept on an H200 with tools/exp_w34.py)."""
+def _row_launch(n_cols: int, element_size: int, op: str, bytes_per_warp: int = 4096) -> tuple[int, int]:
+    """(BLOCK, num_warps) for a one-program-per-row kernel: `bytes_per_warp` of the row per warp, 4 to 16
+    warps (swept on an H200 with tools/exp_w34.py and tools/exp_w34_bwd.py)."""
     if n_cols > MAX_COLS:
         raise ValueError(f"{op}: rows of {n_cols} columns do not fit one block (at most {MAX_COLS})")
     block = triton.next_power_of_2(n_cols)
-    return block, max(4, min(16, block * element_size // 4096))
+    return block, max(4, min(16, block * element_size // bytes_per_warp))
 
 
 @triton.jit
@@ -177,7 +177,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = No
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "rmsnorm")
     _check_params("rmsnorm", x, weight)
     rstd = _stats_like(x)
-    block, warps = _row_launch(n_cols, x.element_size(), "rmsnorm")
+    block, warps = _row_launch(n_cols, x.element_size(), "rmsnorm", bytes_per_warp=1024)  # less work per byte
     rmsnorm_kernel[(n_rows,)](x2, weight, out2, rstd, n_cols, eps, BLOCK=block, COMPUTE=_compute_dtype(x),
                               num_warps=warps)
     return out, rstd
