@@ -232,15 +232,18 @@ def normalized_grad(xhat, wdy, rstd, n_cols, CENTRED: tl.constexpr):
 @triton.jit
 def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
                          n_rows, n_cols, rows_per_program, BLOCK: tl.constexpr, CENTRED: tl.constexpr,
-                         COMPUTE: tl.constexpr, STAGES: tl.constexpr, WANT_DX: tl.constexpr):
+                         COMPUTE: tl.constexpr, STAGES: tl.constexpr, WANT_DX: tl.constexpr,
+                         RELOAD_W: tl.constexpr):
     # Program p owns rows [p·R, p·R + R): it writes their dx and adds their dy·xhat (and dy) into one
     # partial row of dγ (and dβ), stored once at the end: stage 1 of the weight gradients. The row loop is
     # software-pipelined (STAGES): the next rows' x and dy are on their way while this one is reduced.
+    # RELOAD_W reads w again for every row (from L1/L2) instead of holding it: fewer registers for long rows.
     # Reads 2MN (x, dy), writes MN (dx) + 2·P·N partials.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
+    if not RELOAD_W:
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
     dw = tl.zeros([BLOCK], COMPUTE)
     db = tl.zeros([BLOCK], COMPUTE)
     first = pid * rows_per_program
@@ -250,6 +253,8 @@ def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pa
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
         dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
         rstd = tl.load(rstd_ptr + row)
+        if RELOAD_W:
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
         if CENTRED:
             x = x - tl.load(mean_ptr + row)
         xhat = tl.where(mask, x * rstd, 0.0)
@@ -306,11 +311,13 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
     rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))
     n_parts = triton.cdiv(n_rows, rows_per_program)
     centred = mean is not None
+    long_rms = not centred and n_cols > 8192  # tools/exp_w34_long.py: held w and 8 warps spill badly here
     parts = torch.empty((2 if centred else 1, n_parts, n_cols), dtype=rstd.dtype, device=x.device)
     norm_backward_kernel[(n_parts,)](x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2,
                                      parts[0], parts[-1], n_rows, n_cols, rows_per_program, BLOCK=block,
                                      CENTRED=centred, COMPUTE=_compute_dtype(x), WANT_DX=want_dx,
-                                     STAGES=3 if n_cols <= 8192 else 1, num_warps=4 if n_cols <= 4096 else 8)
+                                     RELOAD_W=long_rms, STAGES=3 if n_cols <= 8192 else 1,
+                                     num_warps=4 if n_cols <= 4096 else 16 if long_rms else 8)
     dbias = _sum_parts(parts[1], x) if centred else None
     return dx, _sum_parts(parts[0], x), dbias
 

@@ -36,7 +36,7 @@ for dtype in (torch.bfloat16, torch.float32):
                     rows = triton.cdiv(m, min(programs, m))
                     parts = torch.empty((2, triton.cdiv(m, rows), n), dtype=torch.float32, device="cuda")
                     s.norm_backward_kernel[(parts.shape[1],)](x, w, dy, mean, rstd, out, parts[0], parts[1], m, n, rows,
-                                                             BLOCK=block, CENTRED=True, COMPUTE=s.tl.float32, STAGES=1, WANT_DX=True,
+                                                             BLOCK=block, CENTRED=True, COMPUTE=s.tl.float32, STAGES=1, WANT_DX=True, RELOAD_W=False,
                                                              num_warps=warps)
                     s._sum_parts(parts[0], x), s._sum_parts(parts[1], x)
                 ms = bench.gpu_ms(fn, rep_ms=50)
