@@ -206,8 +206,9 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
         g = _to_float64(g)
         if g.shape != r.shape:
             raise GradingError(f"{where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
-        with np.errstate(all="ignore"):  # only the first output was poisoned (it is `out`)
-            worst = max(worst, _compare(task, case, name, g, r, unwritten if i == 0 else None, where, again, size))
+        unwritten_here = unwritten if i == 0 else None  # only the first output (`out`) was poisoned
+        with np.errstate(all="ignore"):
+            worst = max(worst, _compare(task, case, name, g, r, unwritten_here, where, again, size))
     return worst
 
 

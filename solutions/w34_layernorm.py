@@ -313,6 +313,7 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
     centred = mean is not None
     long_rms = not centred and n_cols > 8192  # tools/exp_w34_long.py: held w and 8 warps spill badly here
     parts = torch.empty((2 if centred else 1, n_parts, n_cols), dtype=rstd.dtype, device=x.device)
+    # RMSNorm has no mean: rstd stands in for mean_ptr (never read when CENTRED is False)
     norm_backward_kernel[(n_parts,)](x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2,
                                      parts[0], parts[-1], n_rows, n_cols, rows_per_program, BLOCK=block,
                                      CENTRED=centred, COMPUTE=_compute_dtype(x), WANT_DX=want_dx,
