@@ -16,6 +16,7 @@ from course.rows import prepare_rows
 
 EPS = 1e-5
 MAX_COLS = 65536  # the Triton kernels hold a whole row in one block
+LONG_ROW = 8192   # longer rows: the backward takes them in two halves
 
 
 # ---------------------------------------------------------------- day 2: Welford and Chan, in NumPy
@@ -146,6 +147,11 @@ def _compute_dtype(x: torch.Tensor):
     return tl.float64 if x.dtype == torch.float64 else tl.float32
 
 
+def _sms(x: torch.Tensor) -> int:
+    """Streaming multiprocessors of x's GPU; 3 on CPU, so persistent launches still have several programs."""
+    return torch.cuda.get_device_properties(x.device).multi_processor_count if ON_GPU else 3
+
+
 def _row_launch(n_cols: int, element_size: int, op: str, bytes_per_warp: int = 4096) -> tuple[int, int]:
     """(BLOCK, num_warps) for a one-program-per-row kernel: `bytes_per_warp` of the row per warp, 4 to 16
     warps (swept on an H200 with tools/exp_w34.py and tools/exp_w34_bwd.py)."""
@@ -156,11 +162,10 @@ def _row_launch(n_cols: int, element_size: int, op: str, bytes_per_warp: int = 4
 
 
 @triton.jit
-def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
-                     BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
-    # One program per row, the whole row in registers, so the two-pass variance (mean first, then the
-    # centred squares) costs no second read. Reads MN (+ 2N for w, b), writes MN + 2M.
-    row = tl.program_id(0).to(tl.int64)
+def layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, eps, BLOCK: tl.constexpr,
+                  COMPUTE: tl.constexpr):
+    # One row, whole in registers, so the two-pass variance (mean first, then the centred squares) costs
+    # no second read. Reads N (+ 2N for w, b), writes N + 2.
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
@@ -175,6 +180,22 @@ def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps
     tl.store(rstd_ptr + row, rstd)
 
 
+@triton.jit
+def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, eps,
+                     BLOCK: tl.constexpr, COMPUTE: tl.constexpr, STAGES: tl.constexpr):
+    # STAGES = 0: one program per row. Otherwise program p normalises rows p, p + P, p + 2P, ... (P programs,
+    # about two per SM) in a row loop software-pipelined over STAGES rows: the next rows' x are on their way
+    # while this one is reduced. Reads MN (+ 2N per program), writes MN + 2M.
+    pid = tl.program_id(0)
+    if STAGES == 0:
+        layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, pid.to(tl.int64), n_cols, eps, BLOCK, COMPUTE)
+    else:
+        step = tl.num_programs(0)
+        for i in tl.range(0, tl.cdiv(n_rows - pid, step), num_stages=STAGES):
+            layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, (pid + i * step).to(tl.int64), n_cols, eps,
+                          BLOCK, COMPUTE)
+
+
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None,
               eps: float = EPS):
     """LayerNorm over the last dimension (Triton). Returns (y, mean, rstd); mean and rstd per row."""
@@ -182,8 +203,11 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: to
     _check_params("layernorm", x, weight, bias)
     mean, rstd = _stats_like(x), _stats_like(x)
     block, warps = _row_launch(n_cols, x.element_size(), "layernorm")
-    layernorm_kernel[(n_rows,)](x2, weight, bias, out2, mean, rstd, n_cols, eps, BLOCK=block,
-                                COMPUTE=_compute_dtype(x), num_warps=warps)
+    grid, stages = (n_rows,), 0
+    if 16384 <= n_cols * x.element_size() <= 32768:  # rows of 16-32 KB: pipelined row loop, 2 programs per SM
+        grid, stages, warps = (min(2 * _sms(x), n_rows),), 3, 16  # (tools/exp_w34_s5.py, H200)
+    layernorm_kernel[grid](x2, weight, bias, out2, mean, rstd, n_rows, n_cols, eps, BLOCK=block,
+                           COMPUTE=_compute_dtype(x), STAGES=stages, num_warps=warps)
     return out, mean, rstd
 
 
@@ -232,18 +256,15 @@ def normalized_grad(xhat, wdy, rstd, n_cols, CENTRED: tl.constexpr):
 @triton.jit
 def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
                          n_rows, n_cols, rows_per_program, BLOCK: tl.constexpr, CENTRED: tl.constexpr,
-                         COMPUTE: tl.constexpr, STAGES: tl.constexpr, WANT_DX: tl.constexpr,
-                         RELOAD_W: tl.constexpr):
+                         COMPUTE: tl.constexpr, STAGES: tl.constexpr, WANT_DX: tl.constexpr):
     # Program p owns rows [p·R, p·R + R): it writes their dx and adds their dy·xhat (and dy) into one
     # partial row of dγ (and dβ), stored once at the end: stage 1 of the weight gradients. The row loop is
     # software-pipelined (STAGES): the next rows' x and dy are on their way while this one is reduced.
-    # RELOAD_W reads w again for every row (from L1/L2) instead of holding it: fewer registers for long rows.
     # Reads 2MN (x, dy), writes MN (dx) + 2·P·N partials.
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    if not RELOAD_W:
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
     dw = tl.zeros([BLOCK], COMPUTE)
     db = tl.zeros([BLOCK], COMPUTE)
     first = pid * rows_per_program
@@ -253,8 +274,6 @@ def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pa
         x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
         dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(COMPUTE)
         rstd = tl.load(rstd_ptr + row)
-        if RELOAD_W:
-            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
         if CENTRED:
             x = x - tl.load(mean_ptr + row)
         xhat = tl.where(mask, x * rstd, 0.0)
@@ -266,6 +285,68 @@ def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pa
     tl.store(dw_part_ptr + pid * n_cols + cols, dw, mask=mask)
     if CENTRED:
         tl.store(db_part_ptr + pid * n_cols + cols, db, mask=mask)
+
+
+@triton.jit
+def _sum_pairs(a1, a2, b1, b2):
+    return a1 + b1, a2 + b2
+
+
+@triton.jit
+def long_row_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
+                             n_rows, n_cols, rows_per_program, HALF: tl.constexpr, CENTRED: tl.constexpr,
+                             COMPUTE: tl.constexpr):
+    # norm_backward_kernel for rows too long for one row, w and the dγ/dβ shares to fit the registers: the
+    # row is taken in two halves. Each half adds into its own dγ, dβ share; the row sums of both halves are
+    # reduced together (one barrier round); dx of the second half comes from the registers, the first half
+    # is read again (from L1/L2). Reads 2MN from HBM, writes MN + 2·P·N partials.
+    pid = tl.program_id(0)
+    lo = tl.arange(0, HALF)
+    hi = HALF + lo
+    dw_lo = tl.zeros([HALF], COMPUTE)
+    dw_hi = tl.zeros([HALF], COMPUTE)
+    db_lo = tl.zeros([HALF], COMPUTE)
+    db_hi = tl.zeros([HALF], COMPUTE)
+    first = pid * rows_per_program
+    for i in range(0, tl.minimum(rows_per_program, n_rows - first)):
+        row = first + i
+        base = row.to(tl.int64) * n_cols
+        rstd = tl.load(rstd_ptr + row)
+        mean = tl.load(mean_ptr + row) if CENTRED else 0.0
+        x = tl.load(x_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
+        dy = tl.load(dy_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
+        w = tl.load(w_ptr + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
+        xhat = tl.where(lo < n_cols, (x - mean) * rstd, 0.0)
+        sum_xw = xhat * w * dy
+        sum_w = w * dy
+        dw_lo += dy * xhat
+        db_lo += dy
+        x = tl.load(x_ptr + base + hi, mask=hi < n_cols, other=0.0).to(COMPUTE)
+        dy = tl.load(dy_ptr + base + hi, mask=hi < n_cols, other=0.0).to(COMPUTE)
+        w = tl.load(w_ptr + hi, mask=hi < n_cols, other=0.0).to(COMPUTE)
+        xhat = tl.where(hi < n_cols, (x - mean) * rstd, 0.0)
+        sum_xw += xhat * w * dy
+        sum_w += w * dy
+        dw_hi += dy * xhat
+        db_hi += dy
+        if CENTRED:
+            s1, s2 = tl.reduce((sum_xw, sum_w), 0, _sum_pairs)
+            c2 = s2 / n_cols
+        else:
+            s1 = tl.sum(sum_xw, axis=0)
+            c2 = 0.0
+        c1 = s1 / n_cols
+        tl.store(dx_ptr + base + hi, ((w * dy - (xhat * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty), mask=hi < n_cols)
+        x = tl.load(x_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
+        dy = tl.load(dy_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
+        w = tl.load(w_ptr + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
+        tl.store(dx_ptr + base + lo, ((w * dy - ((x - mean) * rstd * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty),
+                 mask=lo < n_cols)
+    tl.store(dw_part_ptr + pid * n_cols + lo, dw_lo, mask=lo < n_cols)
+    tl.store(dw_part_ptr + pid * n_cols + hi, dw_hi, mask=hi < n_cols)
+    if CENTRED:
+        tl.store(db_part_ptr + pid * n_cols + lo, db_lo, mask=lo < n_cols)
+        tl.store(db_part_ptr + pid * n_cols + hi, db_hi, mask=hi < n_cols)
 
 
 @triton.jit
@@ -305,20 +386,23 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
         raise ValueError(f"norm_backward: dy must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     block, _ = _row_launch(n_cols, x.element_size(), "norm_backward")
     short = n_cols * x.element_size() <= 8192  # rows of at most 8 KB (settings swept on an H200)
+    long = want_dx and n_cols > LONG_ROW        # the row in two halves (tools/exp_w34_s5.py)
     if programs is None:  # one or two programs per SM; on CPU a few, so stage 2 has parts to sum
-        sms = torch.cuda.get_device_properties(x.device).multi_processor_count if ON_GPU else 3
-        programs = (2 if short else 1) * sms
+        programs = (2 if short else 1) * _sms(x)
     rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))
     n_parts = triton.cdiv(n_rows, rows_per_program)
     centred = mean is not None
-    long_rms = not centred and n_cols > 8192  # tools/exp_w34_long.py: held w and 8 warps spill badly here
     parts = torch.empty((2 if centred else 1, n_parts, n_cols), dtype=rstd.dtype, device=x.device)
     # RMSNorm has no mean: rstd stands in for mean_ptr (never read when CENTRED is False)
-    norm_backward_kernel[(n_parts,)](x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2,
-                                     parts[0], parts[-1], n_rows, n_cols, rows_per_program, BLOCK=block,
-                                     CENTRED=centred, COMPUTE=_compute_dtype(x), WANT_DX=want_dx,
-                                     RELOAD_W=long_rms, STAGES=3 if n_cols <= 8192 else 1,
-                                     num_warps=4 if n_cols <= 4096 else 16 if long_rms else 8)
+    args = (x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2, parts[0], parts[-1], n_rows, n_cols,
+            rows_per_program)
+    if long:
+        long_row_backward_kernel[(n_parts,)](*args, HALF=block // 2, CENTRED=centred, COMPUTE=_compute_dtype(x),
+                                             num_warps=16)
+    else:
+        norm_backward_kernel[(n_parts,)](*args, BLOCK=block, CENTRED=centred, COMPUTE=_compute_dtype(x),
+                                         WANT_DX=want_dx, STAGES=3 if n_cols <= 8192 else 1,
+                                         num_warps=4 if n_cols <= 4096 else 8)
     dbias = _sum_parts(parts[1], x) if centred else None
     return dx, _sum_parts(parts[0], x), dbias
 

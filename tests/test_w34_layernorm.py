@@ -37,6 +37,23 @@ def test_rmsnorm_backward_matches_reference():
     np.testing.assert_allclose(dw.double().cpu().numpy(), want[1], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_cols", [4100, 8193])
+def test_long_rows_take_their_own_paths_and_match_the_reference(n_cols):
+    """4100 fp32 columns (16 KB rows): the forward's pipelined row loop; 8193 columns: also the backward's
+    two-halves kernel (LONG_ROW); both with a half whose tail is masked."""
+    x, w, b, dy = _data((7, n_cols))
+    y, mean, rstd = s.layernorm(x, w, b)
+    want = ref.layernorm(*(t.double().cpu().numpy() for t in (x, w, b)))
+    np.testing.assert_allclose(y.double().cpu().numpy(), want[0], rtol=1e-4, atol=1e-4)
+    _, rms_rstd = s.rmsnorm(x, w)
+    for centred, mu, st in ((True, mean, rstd), (False, None, rms_rstd)):
+        dx, dw, db = s.norm_backward(x, w, dy, mu, st, programs=3)
+        want = ref.norm_backward(*(t.double().cpu().numpy() for t in (x, w, dy)), centred=centred)
+        for got, expected in zip((dx, dw, db), want):
+            if got is not None:
+                np.testing.assert_allclose(got.double().cpu().numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
 def test_autograd_function_passes_gradcheck_in_float64(norm):
     x, w, b, _ = (t.requires_grad_() for t in _data((3, 7), torch.float64))
