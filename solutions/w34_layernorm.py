@@ -162,10 +162,11 @@ def _row_launch(n_cols: int, element_size: int, op: str, bytes_per_warp: int = 4
 
 
 @triton.jit
-def layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, eps, BLOCK: tl.constexpr,
-                  COMPUTE: tl.constexpr):
-    # One row, whole in registers, so the two-pass variance (mean first, then the centred squares) costs
-    # no second read. Reads N (+ 2N for w, b), writes N + 2.
+def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps,
+                     BLOCK: tl.constexpr, COMPUTE: tl.constexpr):
+    # One program per row, the whole row in registers, so the two-pass variance (mean first, then the
+    # centred squares) costs no second read. Reads MN (+ 2N for w, b), writes MN + 2M.
+    row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
@@ -181,19 +182,26 @@ def layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, row, n_cols, e
 
 
 @triton.jit
-def layernorm_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, eps,
-                     BLOCK: tl.constexpr, COMPUTE: tl.constexpr, STAGES: tl.constexpr):
-    # STAGES = 0: one program per row. Otherwise program p normalises rows p, p + P, p + 2P, ... (P programs,
-    # about two per SM) in a row loop software-pipelined over STAGES rows: the next rows' x are on their way
-    # while this one is reduced. Reads MN (+ 2N per program), writes MN + 2M.
+def layernorm_loop_kernel(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_rows, n_cols, eps,
+                          BLOCK: tl.constexpr, COMPUTE: tl.constexpr, STAGES: tl.constexpr):
+    # layernorm_kernel's row, for long rows: program p normalises rows p, p + P, p + 2P, ... (P programs,
+    # two per SM) holding w and b, in a row loop software-pipelined over STAGES rows, so the next rows'
+    # x are on their way while this one is reduced. Reads MN (+ 2N per program), writes MN + 2M.
     pid = tl.program_id(0)
-    if STAGES == 0:
-        layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, pid.to(tl.int64), n_cols, eps, BLOCK, COMPUTE)
-    else:
-        step = tl.num_programs(0)
-        for i in tl.range(0, tl.cdiv(n_rows - pid, step), num_stages=STAGES):
-            layernorm_row(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, (pid + i * step).to(tl.int64), n_cols, eps,
-                          BLOCK, COMPUTE)
+    step = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
+    b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
+    for i in tl.range(0, tl.cdiv(n_rows - pid, step), num_stages=STAGES):
+        row = (pid + i * step).to(tl.int64)
+        x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(COMPUTE)
+        mean = tl.sum(x, axis=0) / n_cols
+        centred = tl.where(mask, x - mean, 0.0)
+        rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols + eps)
+        tl.store(y_ptr + row * n_cols + cols, (centred * rstd * w + b).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(mean_ptr + row, mean)
+        tl.store(rstd_ptr + row, rstd)
 
 
 def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: torch.Tensor | None = None,
@@ -203,11 +211,12 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: to
     _check_params("layernorm", x, weight, bias)
     mean, rstd = _stats_like(x), _stats_like(x)
     block, warps = _row_launch(n_cols, x.element_size(), "layernorm")
-    grid, stages = (n_rows,), 0
-    if 16384 <= n_cols * x.element_size() <= 32768:  # rows of 16-32 KB: pipelined row loop, 2 programs per SM
-        grid, stages, warps = (min(2 * _sms(x), n_rows),), 3, 16  # (tools/exp_w34_s5.py, H200)
-    layernorm_kernel[grid](x2, weight, bias, out2, mean, rstd, n_rows, n_cols, eps, BLOCK=block,
-                           COMPUTE=_compute_dtype(x), STAGES=stages, num_warps=warps)
+    args = (x2, weight, bias, out2, mean, rstd)
+    if n_cols >= 8192 and block * x.element_size() <= 65536:  # long rows: the loop (tools/exp_w34_s5.py, H200)
+        layernorm_loop_kernel[(min(2 * _sms(x), n_rows),)](*args, n_rows, n_cols, eps, BLOCK=block,
+                                                           COMPUTE=_compute_dtype(x), STAGES=3, num_warps=8)
+    else:
+        layernorm_kernel[(n_rows,)](*args, n_cols, eps, BLOCK=block, COMPUTE=_compute_dtype(x), num_warps=warps)
     return out, mean, rstd
 
 
@@ -254,11 +263,12 @@ def normalized_grad(xhat, wdy, rstd, n_cols, CENTRED: tl.constexpr):
 
 
 @triton.jit
-def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
-                         n_rows, n_cols, rows_per_program, BLOCK: tl.constexpr, CENTRED: tl.constexpr,
+def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols,
+                         rows_per_program, part_stride, BLOCK: tl.constexpr, CENTRED: tl.constexpr,
                          COMPUTE: tl.constexpr, STAGES: tl.constexpr, WANT_DX: tl.constexpr):
-    # Program p owns rows [p·R, p·R + R): it writes their dx and adds their dy·xhat (and dy) into one
-    # partial row of dγ (and dβ), stored once at the end: stage 1 of the weight gradients. The row loop is
+    # Program p owns rows [p·R, p·R + R): it writes their dx and adds their dy·xhat (and dy) into its
+    # partial rows of dγ (and dβ, n_cols further on), stored once at the end at part_ptr + p·part_stride:
+    # stage 1 of the weight gradients. The row loop is
     # software-pipelined (STAGES): the next rows' x and dy are on their way while this one is reduced.
     # Reads 2MN (x, dy), writes MN (dx) + 2·P·N partials.
     pid = tl.program_id(0)
@@ -282,9 +292,9 @@ def norm_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_pa
             tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw += dy * xhat
         db += dy
-    tl.store(dw_part_ptr + pid * n_cols + cols, dw, mask=mask)
+    tl.store(part_ptr + pid * part_stride + cols, dw, mask=mask)
     if CENTRED:
-        tl.store(db_part_ptr + pid * n_cols + cols, db, mask=mask)
+        tl.store(part_ptr + pid * part_stride + n_cols + cols, db, mask=mask)
 
 
 @triton.jit
@@ -293,60 +303,59 @@ def _sum_pairs(a1, a2, b1, b2):
 
 
 @triton.jit
-def long_row_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr,
-                             n_rows, n_cols, rows_per_program, HALF: tl.constexpr, CENTRED: tl.constexpr,
-                             COMPUTE: tl.constexpr):
-    # norm_backward_kernel for rows too long for one row, w and the dγ/dβ shares to fit the registers: the
-    # row is taken in two halves. Each half adds into its own dγ, dβ share; the row sums of both halves are
-    # reduced together (one barrier round); dx of the second half comes from the registers, the first half
-    # is read again (from L1/L2). Reads 2MN from HBM, writes MN + 2·P·N partials.
+def _half_row(x_ptr, w_ptr, dy_ptr, base, cols, n_cols, mean, rstd):
+    # x̂, dy and w·dy of half a row, zero past the row's end
+    mask = cols < n_cols
+    x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(rstd.dtype)
+    dy = tl.load(dy_ptr + base + cols, mask=mask, other=0.0).to(rstd.dtype)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(rstd.dtype)
+    return tl.where(mask, (x - mean) * rstd, 0.0), dy, w * dy
+
+
+@triton.jit
+def _half_dx(x_ptr, w_ptr, dy_ptr, dx_ptr, base, cols, n_cols, mean, rstd, c1, c2):
+    xhat, dy, wdy = _half_row(x_ptr, w_ptr, dy_ptr, base, cols, n_cols, mean, rstd)
+    tl.store(dx_ptr + base + cols, ((wdy - (xhat * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty), mask=cols < n_cols)
+
+
+@triton.jit
+def long_row_backward_kernel(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols,
+                             rows_per_program, part_stride, HALF: tl.constexpr, CENTRED: tl.constexpr):
+    # norm_backward_kernel for rows too long for the row, w and the dγ/dβ shares to fit the registers:
+    # the row is taken in two halves, each adding into its own dγ, dβ shares; a half's two row sums are
+    # reduced together (one barrier round), and dx re-reads both halves (from L1/L2). Same formula as
+    # normalized_grad. Reads 2MN from HBM, writes MN + 2·P·N partials.
     pid = tl.program_id(0)
     lo = tl.arange(0, HALF)
     hi = HALF + lo
-    dw_lo = tl.zeros([HALF], COMPUTE)
-    dw_hi = tl.zeros([HALF], COMPUTE)
-    db_lo = tl.zeros([HALF], COMPUTE)
-    db_hi = tl.zeros([HALF], COMPUTE)
+    dw_lo = tl.zeros([HALF], rstd_ptr.dtype.element_ty)
+    dw_hi = tl.zeros([HALF], rstd_ptr.dtype.element_ty)
+    db_lo = tl.zeros([HALF], rstd_ptr.dtype.element_ty)
+    db_hi = tl.zeros([HALF], rstd_ptr.dtype.element_ty)
     first = pid * rows_per_program
     for i in range(0, tl.minimum(rows_per_program, n_rows - first)):
         row = first + i
         base = row.to(tl.int64) * n_cols
         rstd = tl.load(rstd_ptr + row)
         mean = tl.load(mean_ptr + row) if CENTRED else 0.0
-        x = tl.load(x_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
-        dy = tl.load(dy_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
-        w = tl.load(w_ptr + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
-        xhat = tl.where(lo < n_cols, (x - mean) * rstd, 0.0)
-        sum_xw = xhat * w * dy
-        sum_w = w * dy
+        xhat, dy, wdy = _half_row(x_ptr, w_ptr, dy_ptr, base, lo, n_cols, mean, rstd)
         dw_lo += dy * xhat
         db_lo += dy
-        x = tl.load(x_ptr + base + hi, mask=hi < n_cols, other=0.0).to(COMPUTE)
-        dy = tl.load(dy_ptr + base + hi, mask=hi < n_cols, other=0.0).to(COMPUTE)
-        w = tl.load(w_ptr + hi, mask=hi < n_cols, other=0.0).to(COMPUTE)
-        xhat = tl.where(hi < n_cols, (x - mean) * rstd, 0.0)
-        sum_xw += xhat * w * dy
-        sum_w += w * dy
+        s1, s2 = tl.reduce((xhat * wdy, wdy), 0, _sum_pairs)
+        xhat, dy, wdy = _half_row(x_ptr, w_ptr, dy_ptr, base, hi, n_cols, mean, rstd)
         dw_hi += dy * xhat
         db_hi += dy
-        if CENTRED:
-            s1, s2 = tl.reduce((sum_xw, sum_w), 0, _sum_pairs)
-            c2 = s2 / n_cols
-        else:
-            s1 = tl.sum(sum_xw, axis=0)
-            c2 = 0.0
-        c1 = s1 / n_cols
-        tl.store(dx_ptr + base + hi, ((w * dy - (xhat * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty), mask=hi < n_cols)
-        x = tl.load(x_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
-        dy = tl.load(dy_ptr + base + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
-        w = tl.load(w_ptr + lo, mask=lo < n_cols, other=0.0).to(COMPUTE)
-        tl.store(dx_ptr + base + lo, ((w * dy - ((x - mean) * rstd * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty),
-                 mask=lo < n_cols)
-    tl.store(dw_part_ptr + pid * n_cols + lo, dw_lo, mask=lo < n_cols)
-    tl.store(dw_part_ptr + pid * n_cols + hi, dw_hi, mask=hi < n_cols)
+        t1, t2 = tl.reduce((xhat * wdy, wdy), 0, _sum_pairs)
+        c1 = (s1 + t1) / n_cols
+        c2 = (s2 + t2) / n_cols if CENTRED else 0.0
+        _half_dx(x_ptr, w_ptr, dy_ptr, dx_ptr, base, hi, n_cols, mean, rstd, c1, c2)  # the half read last first
+        _half_dx(x_ptr, w_ptr, dy_ptr, dx_ptr, base, lo, n_cols, mean, rstd, c1, c2)
+    out = part_ptr + pid * part_stride
+    tl.store(out + lo, dw_lo, mask=lo < n_cols)
+    tl.store(out + hi, dw_hi, mask=hi < n_cols)
     if CENTRED:
-        tl.store(db_part_ptr + pid * n_cols + lo, db_lo, mask=lo < n_cols)
-        tl.store(db_part_ptr + pid * n_cols + hi, db_hi, mask=hi < n_cols)
+        tl.store(out + n_cols + lo, db_lo, mask=lo < n_cols)
+        tl.store(out + n_cols + hi, db_hi, mask=hi < n_cols)
 
 
 @triton.jit
@@ -392,19 +401,19 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
     rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))
     n_parts = triton.cdiv(n_rows, rows_per_program)
     centred = mean is not None
-    parts = torch.empty((2 if centred else 1, n_parts, n_cols), dtype=rstd.dtype, device=x.device)
+    # one [P, 2N] array of partial rows (dγ then dβ; [P, N] for RMSNorm), so one stage-2 launch sums both
+    parts = torch.empty((n_parts, (2 if centred else 1) * n_cols), dtype=rstd.dtype, device=x.device)
     # RMSNorm has no mean: rstd stands in for mean_ptr (never read when CENTRED is False)
-    args = (x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2, parts[0], parts[-1], n_rows, n_cols,
-            rows_per_program)
+    args = (x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2, parts, n_rows, n_cols,
+            rows_per_program, parts.shape[1])
     if long:
-        long_row_backward_kernel[(n_parts,)](*args, HALF=block // 2, CENTRED=centred, COMPUTE=_compute_dtype(x),
-                                             num_warps=16)
+        long_row_backward_kernel[(n_parts,)](*args, HALF=block // 2, CENTRED=centred, num_warps=16)
     else:
         norm_backward_kernel[(n_parts,)](*args, BLOCK=block, CENTRED=centred, COMPUTE=_compute_dtype(x),
                                          WANT_DX=want_dx, STAGES=3 if n_cols <= 8192 else 1,
                                          num_warps=4 if n_cols <= 4096 else 8)
-    dbias = _sum_parts(parts[1], x) if centred else None
-    return dx, _sum_parts(parts[0], x), dbias
+    sums = _sum_parts(parts, x)
+    return dx, sums[:n_cols], sums[n_cols:] if centred else None
 
 
 def layernorm_dx(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
@@ -462,13 +471,13 @@ def fused_add_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n_cols, eps, BLO
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     offsets = row * n_cols + cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)  # first: its latency hides under x's
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
     r = tl.load(r_ptr + offsets, mask=mask, other=0.0)
     ### BEGIN SOLUTION
     h = (x.to(COMPUTE) + r.to(COMPUTE)).to(h_ptr.dtype.element_ty)  # rounded as torch's add would be
     tl.store(h_ptr + offsets, h, mask=mask)
     rstd = 1.0 / tl.sqrt(tl.sum(h.to(COMPUTE) * h.to(COMPUTE), axis=0) / n_cols + eps)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(COMPUTE)
     tl.store(y_ptr + offsets, (h.to(COMPUTE) * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
     ### END SOLUTION
 

@@ -531,9 +531,259 @@ def part_ab(ceiling):
             print(dtype, m, n, " | ".join(line), flush=True)
 
 
+@triton.jit
+def long_bwd_pf(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_part_ptr, db_part_ptr, n_rows, n_cols,
+                rows_per_program, HALF: tl.constexpr, CENTRED: tl.constexpr):
+    # long_row_backward_kernel with the next row's first half prefetched (raw, unconverted) during this row's dx
+    pid = tl.program_id(0)
+    lo = tl.arange(0, HALF)
+    hi = HALF + lo
+    dw_lo = tl.zeros([HALF], tl.float32)
+    dw_hi = tl.zeros([HALF], tl.float32)
+    db_lo = tl.zeros([HALF], tl.float32)
+    db_hi = tl.zeros([HALF], tl.float32)
+    first = pid * rows_per_program
+    count = tl.minimum(rows_per_program, n_rows - first)
+    base = first.to(tl.int64) * n_cols
+    x_next = tl.load(x_ptr + base + lo, mask=lo < n_cols, other=0.0)
+    dy_next = tl.load(dy_ptr + base + lo, mask=lo < n_cols, other=0.0)
+    for i in range(0, count):
+        row = first + i
+        base = row.to(tl.int64) * n_cols
+        rstd = tl.load(rstd_ptr + row)
+        mean = tl.load(mean_ptr + row) if CENTRED else 0.0
+        x = x_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        w = tl.load(w_ptr + lo, mask=lo < n_cols, other=0.0).to(tl.float32)
+        xhat = tl.where(lo < n_cols, (x - mean) * rstd, 0.0)
+        sum_xw = xhat * w * dy
+        sum_w = w * dy
+        dw_lo += dy * xhat
+        db_lo += dy
+        x = tl.load(x_ptr + base + hi, mask=hi < n_cols, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + base + hi, mask=hi < n_cols, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + hi, mask=hi < n_cols, other=0.0).to(tl.float32)
+        xhat = tl.where(hi < n_cols, (x - mean) * rstd, 0.0)
+        sum_xw += xhat * w * dy
+        sum_w += w * dy
+        dw_hi += dy * xhat
+        db_hi += dy
+        if CENTRED:
+            s1, s2 = tl.reduce((sum_xw, sum_w), 0, s._sum_pairs)
+            c2 = s2 / n_cols
+        else:
+            s1 = tl.sum(sum_xw, axis=0)
+            c2 = 0.0
+        c1 = s1 / n_cols
+        more = lo < tl.where(i + 1 < count, n_cols, 0)
+        x_next = tl.load(x_ptr + base + n_cols + lo, mask=more, other=0.0)
+        dy_next = tl.load(dy_ptr + base + n_cols + lo, mask=more, other=0.0)
+        tl.store(dx_ptr + base + hi, ((w * dy - (xhat * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty), mask=hi < n_cols)
+        x = tl.load(x_ptr + base + lo, mask=lo < n_cols, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + base + lo, mask=lo < n_cols, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + lo, mask=lo < n_cols, other=0.0).to(tl.float32)
+        tl.store(dx_ptr + base + lo, ((w * dy - ((x - mean) * rstd * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty),
+                 mask=lo < n_cols)
+    tl.store(dw_part_ptr + pid * n_cols + lo, dw_lo, mask=lo < n_cols)
+    tl.store(dw_part_ptr + pid * n_cols + hi, dw_hi, mask=hi < n_cols)
+    if CENTRED:
+        tl.store(db_part_ptr + pid * n_cols + lo, db_lo, mask=lo < n_cols)
+        tl.store(db_part_ptr + pid * n_cols + hi, db_hi, mask=hi < n_cols)
+
+
+@triton.jit
+def fused_wfirst(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n_cols, eps, BLOCK: tl.constexpr):
+    # the course's fused_add_rmsnorm_kernel with w loaded before x and the residual
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    offsets = row * n_cols + cols
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+    r = tl.load(r_ptr + offsets, mask=mask, other=0.0)
+    h = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offsets, h, mask=mask)
+    rstd = 1.0 / tl.sqrt(tl.sum(h.to(tl.float32) * h.to(tl.float32), axis=0) / n_cols + eps)
+    tl.store(y_ptr + offsets, (h.to(tl.float32) * rstd * w).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def part_ab2(ceiling):
+    for dtype in (torch.bfloat16, torch.float32):
+        for m, n in SHAPES:
+            x, r, dy = (torch.randn(m, n, device=DEV, dtype=dtype) for _ in range(3))
+            w, b = 1 + 0.1 * torch.randn(n, device=DEV, dtype=dtype), 0.1 * torch.randn(n, device=DEV, dtype=dtype)
+            y, h = torch.empty_like(x), torch.empty_like(x)
+            mean, rstd = (torch.empty(m, device=DEV) for _ in range(2))
+            nb, nbf, nbb = (norm_cost(m, n, x.element_size(), k)["bytes"] for k in ("forward", "fused", "backward"))
+            block, warps = s._row_launch(n, x.element_size(), "layernorm")
+            want = s.layernorm(x, w, b)[0]
+            line = []
+            for rep in range(2):
+                line.append(f"ln-row {gbps(nb, lambda: s.layernorm_kernel[(m,)](x, w, b, y, mean, rstd, m, n, 1e-5, BLOCK=block, COMPUTE=tl.float32, STAGES=0, num_warps=warps)) / ceiling:.3f}")
+                for lw, per_sm in ((16, 2), (8, 2), (16, 1)):
+                    fn = lambda: ln_fwd[(per_sm * SMS,)](x, w, b, y, mean, rstd, m, n, 1e-5, BLOCK=block, RMS=False, PERSIST=True, STAGES=3, EVICT=False, num_warps=lw)
+                    try:
+                        fn()
+                        assert (y.float() - want.float()).abs().max().item() < 0.05
+                        line.append(f"ln-held p{per_sm} w{lw} {gbps(nb, fn) / ceiling:.3f}")
+                    except Exception as exc:
+                        line.append(f"ln-held p{per_sm} w{lw} FAIL {type(exc).__name__}")
+            want_fy, want_fh = s.fused_add_rmsnorm(x, r, w)
+            fwarps = s._row_launch(n, x.element_size(), "fused")[1]
+            for rep in range(2):
+                line.append(f"fused w{fwarps} {gbps(nbf, lambda: s.fused_add_rmsnorm(x, r, w, y)) / ceiling:.3f}")
+                for fw in (4, 8, 16):
+                    fn = lambda: fused_wfirst[(m,)](x, r, w, y, h, n, 1e-5, BLOCK=block, num_warps=fw)
+                    fn()
+                    assert torch.equal(h, want_fh) and (y.float() - want_fy.float()).abs().max().item() < 0.05
+                    line.append(f"wfirst w{fw} {gbps(nbf, fn) / ceiling:.3f}")
+                line.append(f"eager {gbps(nbf, lambda: torch.nn.functional.rms_norm(x + r, (n,), w, 1e-5)) / ceiling:.3f}")
+            if n > s.LONG_ROW:
+                _, mu, st = s.layernorm(x, w, b)
+                _, rst = s.rmsnorm(x, w)
+                xt, wt, bt = x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
+                yl = torch.nn.functional.layer_norm(xt, (n,), wt, bt, 1e-5)
+                for centred, mm, ss in ((True, mu, st), (False, rst, rst)):
+                    want_b = s.norm_backward(x, w, dy, mm if centred else None, ss)
+                    line.append(f"{'ln' if centred else 'rms'}-bwd {gbps(nbb, lambda: s.norm_backward(x, w, dy, mm if centred else None, ss)) / ceiling:.3f}")
+                    for bw in (16, 32):
+                        rows = triton.cdiv(m, SMS)
+                        parts = torch.empty((2, triton.cdiv(m, rows), n), dtype=torch.float32, device=DEV)
+                        dx = torch.empty_like(x)
+                        def fn():
+                            k = long_bwd_pf[(parts.shape[1],)](x, w, dy, mm, ss, dx, parts[0], parts[1], m, n, rows, HALF=block // 2, CENTRED=centred, num_warps=bw)
+                            return k, (dx, s._sum_parts(parts[0], x), s._sum_parts(parts[1], x) if centred else None)
+                        k, got = fn()
+                        err = max((g.float() - e.float()).abs().max().item() for g, e in zip(got, want_b) if g is not None)
+                        ok = err < 0.05 * max(1.0, want_b[1].float().abs().max().item())
+                        line.append(f"pf w{bw} {gbps(nbb, fn) / ceiling:.3f} r{k.n_regs} s{k.n_spills}{'' if ok else ' WRONG'}")
+                    for bw in (16, 32):
+                        rows = triton.cdiv(m, SMS)
+                        parts = torch.empty((2, triton.cdiv(m, rows), n), dtype=torch.float32, device=DEV)
+                        fn = lambda: s.long_row_backward_kernel[(parts.shape[1],)](x, w, dy, mm, ss, dx, parts[0], parts[1], m, n, rows, HALF=block // 2, CENTRED=centred, COMPUTE=tl.float32, num_warps=bw)
+                        k = fn()
+                        line.append(f"halves w{bw} {gbps(nbb, fn) / ceiling:.3f} r{k.n_regs} s{k.n_spills}")
+                line.append(f"torch-ln-bwd {gbps(nbb, lambda: torch.autograd.grad(yl, (xt, wt, bt), dy, retain_graph=True)) / ceiling:.3f}")
+            print(dtype, m, n, " | ".join(line), flush=True)
+
+
+@triton.jit
+def long_bwd_v(x_ptr, w_ptr, dy_ptr, mean_ptr, rstd_ptr, dx_ptr, part_ptr, n_rows, n_cols, rows_per_program,
+               part_stride, HALF: tl.constexpr, CENTRED: tl.constexpr, PER_HALF: tl.constexpr, KEEP_HI: tl.constexpr):
+    # two-halves backward variants: PER_HALF reduces each half's row sums at once (no sum vectors held);
+    # KEEP_HI False re-reads both halves for dx. dγ partial at part_ptr + pid·stride, dβ at + n_cols.
+    pid = tl.program_id(0)
+    lo = tl.arange(0, HALF)
+    hi = HALF + lo
+    dw_lo = tl.zeros([HALF], tl.float32)
+    dw_hi = tl.zeros([HALF], tl.float32)
+    db_lo = tl.zeros([HALF], tl.float32)
+    db_hi = tl.zeros([HALF], tl.float32)
+    first = pid * rows_per_program
+    for i in range(0, tl.minimum(rows_per_program, n_rows - first)):
+        row = first + i
+        base = row.to(tl.int64) * n_cols
+        rstd = tl.load(rstd_ptr + row)
+        mean = tl.load(mean_ptr + row) if CENTRED else 0.0
+        x = tl.load(x_ptr + base + lo, mask=lo < n_cols, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + base + lo, mask=lo < n_cols, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + lo, mask=lo < n_cols, other=0.0).to(tl.float32)
+        xhat = tl.where(lo < n_cols, (x - mean) * rstd, 0.0)
+        dw_lo += dy * xhat
+        db_lo += dy
+        if PER_HALF:
+            s1, s2 = tl.reduce((xhat * w * dy, w * dy), 0, s._sum_pairs)
+        else:
+            v1 = xhat * w * dy
+            v2 = w * dy
+        x = tl.load(x_ptr + base + hi, mask=hi < n_cols, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptr + base + hi, mask=hi < n_cols, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + hi, mask=hi < n_cols, other=0.0).to(tl.float32)
+        xhat = tl.where(hi < n_cols, (x - mean) * rstd, 0.0)
+        dw_hi += dy * xhat
+        db_hi += dy
+        if PER_HALF:
+            t1, t2 = tl.reduce((xhat * w * dy, w * dy), 0, s._sum_pairs)
+            s1 += t1
+            s2 += t2
+        else:
+            s1, s2 = tl.reduce((v1 + xhat * w * dy, v2 + w * dy), 0, s._sum_pairs)
+        c1 = s1 / n_cols
+        c2 = s2 / n_cols if CENTRED else 0.0
+        if KEEP_HI:
+            tl.store(dx_ptr + base + hi, ((w * dy - (xhat * c1 + c2)) * rstd).to(dx_ptr.dtype.element_ty), mask=hi < n_cols)
+        else:
+            _pass2(x_ptr, dy_ptr, w_ptr, dx_ptr, base, hi, n_cols, mean, rstd, c1, c2, False)
+        _pass2(x_ptr, dy_ptr, w_ptr, dx_ptr, base, lo, n_cols, mean, rstd, c1, c2, False)
+    out = part_ptr + pid * part_stride
+    tl.store(out + lo, dw_lo, mask=lo < n_cols)
+    tl.store(out + hi, dw_hi, mask=hi < n_cols)
+    if CENTRED:
+        tl.store(out + n_cols + lo, db_lo, mask=lo < n_cols)
+        tl.store(out + n_cols + hi, db_hi, mask=hi < n_cols)
+
+
+@triton.jit
+def fused_rows(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n_rows, n_cols, eps, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    w = tl.load(w_ptr + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    mask = (rows[:, None] < n_rows) & (cols[None, :] < n_cols)
+    offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    r = tl.load(r_ptr + offs, mask=mask, other=0.0)
+    h = (x.to(tl.float32) + r.to(tl.float32)).to(h_ptr.dtype.element_ty)
+    tl.store(h_ptr + offs, h, mask=mask)
+    hf = h.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=1) / n_cols + eps)
+    tl.store(y_ptr + offs, (hf * rstd[:, None] * w[None, :]).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def part_ab3(ceiling):
+    m, n = 4096, 16384
+    x, dy = (torch.randn(m, n, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+    w, b = 1 + 0.1 * torch.randn(n, device=DEV, dtype=torch.bfloat16), 0.1 * torch.randn(n, device=DEV, dtype=torch.bfloat16)
+    _, mu, st = s.layernorm(x, w, b)
+    nbb = norm_cost(m, n, 2, "backward")["bytes"]
+    xt, wt, bt = x.clone().requires_grad_(), w.clone().requires_grad_(), b.clone().requires_grad_()
+    yl = torch.nn.functional.layer_norm(xt, (n,), wt, bt, 1e-5)
+    want = s.norm_backward(x, w, dy, mu, st)
+    dx = torch.empty_like(x)
+    line = [f"torch {gbps(nbb, lambda: torch.autograd.grad(yl, (xt, wt, bt), dy, retain_graph=True)) / ceiling:.3f}",
+            f"now {gbps(nbb, lambda: s.norm_backward(x, w, dy, mu, st)) / ceiling:.3f}"]
+    for per_half in (False, True):
+        for keep in (True, False):
+            for warps in (16, 32):
+                def fn():
+                    parts = torch.empty((SMS, 2 * n), dtype=torch.float32, device=DEV)
+                    k = long_bwd_v[(SMS,)](x, w, dy, mu, st, dx, parts, m, n, triton.cdiv(m, SMS), 2 * n, HALF=n // 2,
+                                           CENTRED=True, PER_HALF=per_half, KEEP_HI=keep, num_warps=warps)
+                    both = s._sum_parts(parts, x)
+                    return k, (dx, both[:n], both[n:])
+                k, got = fn()
+                err = max((g.float() - e.float()).abs().max().item() for g, e in zip(got, want))
+                ok = err < 0.05 * max(1.0, want[1].float().abs().max().item())
+                line.append(f"{'perhalf' if per_half else 'vec'}{' keep' if keep else ''} w{warps} {gbps(nbb, fn) / ceiling:.3f} r{k.n_regs} s{k.n_spills}{'' if ok else ' WRONG'}")
+    print("ln-bwd merged stage 2", m, n, " | ".join(line), flush=True)
+    for m, n in ((32768, 4096), (4096, 4096)):
+        x, r = (torch.randn(m, n, device=DEV, dtype=torch.bfloat16) for _ in range(2))
+        y, h = torch.empty_like(x), torch.empty_like(x)
+        want_fy, want_fh = s.fused_add_rmsnorm(x, r, w[:n])
+        nbf = norm_cost(m, n, 2, "fused")["bytes"]
+        line = [f"eager {gbps(nbf, lambda: torch.nn.functional.rms_norm(x + r, (n,), w[:n], 1e-5)) / ceiling:.3f}"]
+        for rows in (1, 2, 4):
+            for warps in (4, 8, 16):
+                fn = lambda: fused_rows[(triton.cdiv(m, rows),)](x, r, w, y, h, m, n, 1e-5, BLOCK=n, ROWS=rows, num_warps=warps)
+                fn()
+                assert torch.equal(h, want_fh) and (y.float() - want_fy.float()).abs().max().item() < 0.05
+                line.append(f"rows{rows} w{warps} {gbps(nbf, fn) / ceiling:.3f}")
+        line.append(f"eager {gbps(nbf, lambda: torch.nn.functional.rms_norm(x + r, (n,), w[:n], 1e-5)) / ceiling:.3f}")
+        print("fused", m, n, " | ".join(line), flush=True)
+
+
 if __name__ == "__main__":
     ceiling = bench.copy_ceiling_gbps()
     print(f"copy ceiling {ceiling:.1f} GB/s", flush=True)
     parts = sys.argv[1:] or ["copy", "fwd", "bwd"]
     for part in parts:
-        {"copy": part_copy, "fwd": part_fwd, "bwd": part_bwd, "bwd2": part_bwd2, "ab": part_ab}[part](ceiling)
+        {"copy": part_copy, "fwd": part_fwd, "bwd": part_bwd, "bwd2": part_bwd2, "ab": part_ab, "ab2": part_ab2, "ab3": part_ab3}[part](ceiling)
