@@ -1,0 +1,29 @@
+"""Run a notebook's code cells in order without Jupyter (the lent GPU image has no jupyter or nbval):
+python3 tools/nb_exec.py notebooks/w34_layernorm/d6_fused_add_rmsnorm.ipynb [--solutions]
+IPython magics (lines starting with % or !) are skipped, `display` prints. Stops at the first failing cell
+and exits 1 with its index; prints each cell's index and wall time."""
+import json
+import os
+import sys
+import time
+
+
+def main(path: str) -> int:
+    if "--solutions" in sys.argv:
+        os.environ["COURSE_SOLUTIONS"] = "1"
+    cells = [c for c in json.load(open(path))["cells"] if c["cell_type"] == "code"]
+    scope = {"__name__": "__main__", "display": print}
+    for index, cell in enumerate(cells):
+        source = "".join(line for line in cell["source"] if not line.lstrip().startswith(("%", "!")))
+        start = time.time()
+        try:
+            exec(compile(source, f"{path}[code cell {index}]", "exec"), scope)
+        except Exception as exc:
+            print(f"--- code cell {index} FAILED: {type(exc).__name__}: {exc}")
+            raise
+        print(f"--- code cell {index} ok ({time.time() - start:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
