@@ -1,6 +1,7 @@
 """Run a notebook's code cells in order without Jupyter (the lent GPU image has no jupyter or nbval):
 python3 tools/nb_exec.py notebooks/w34_layernorm/d6_fused_add_rmsnorm.ipynb [--solutions]
-IPython magics (lines starting with % or !) are skipped, `display` prints. Stops at the first failing cell
+IPython magics (lines starting with % or !) are skipped, `display` prints, and where IPython is missing a
+stand-in `IPython.display` (Code, Markdown, HTML, display) prints the text. Stops at the first failing cell
 and exits 1 with its index; prints each cell's index and wall time."""
 import json
 import os
@@ -8,7 +9,22 @@ import sys
 import time
 
 
+def _stand_in_ipython() -> None:
+    try:
+        import IPython.display  # noqa: F401
+    except ImportError:
+        import types
+        display_module = types.ModuleType("IPython.display")
+        display_module.display = lambda *objects, **_: [print(o) for o in objects]
+        for name in ("Code", "Markdown", "HTML"):
+            setattr(display_module, name, lambda data="", *args, **kwargs: data)
+        sys.modules["IPython"] = types.ModuleType("IPython")
+        sys.modules["IPython"].display = display_module
+        sys.modules["IPython.display"] = display_module
+
+
 def main(path: str) -> int:
+    _stand_in_ipython()
     if "--solutions" in sys.argv:
         os.environ["COURSE_SOLUTIONS"] = "1"
     cells = [c for c in json.load(open(path))["cells"] if c["cell_type"] == "code"]
