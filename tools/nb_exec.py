@@ -20,6 +20,7 @@ def _stand_in_ipython() -> None:
             setattr(display_module, name, lambda data="", *args, **kwargs: data)
         sys.modules["IPython"] = types.ModuleType("IPython")
         sys.modules["IPython"].display = display_module
+        sys.modules["IPython"].get_ipython = lambda: None
         sys.modules["IPython.display"] = display_module
 
 
