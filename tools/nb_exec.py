@@ -21,6 +21,7 @@ def _stand_in_ipython() -> None:
         sys.modules["IPython"] = types.ModuleType("IPython")
         sys.modules["IPython"].display = display_module
         sys.modules["IPython"].get_ipython = lambda: None
+        sys.modules["IPython"].version_info = (9, 0)  # matplotlib looks
         sys.modules["IPython.display"] = display_module
 
 
