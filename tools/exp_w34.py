@@ -34,11 +34,11 @@ for dtype in (torch.bfloat16, torch.float32):
                 def fn():
                     programs = per_sm * SMS
                     rows = triton.cdiv(m, min(programs, m))
-                    parts = torch.empty((2, triton.cdiv(m, rows), n), dtype=torch.float32, device="cuda")
-                    s.norm_backward_kernel[(parts.shape[1],)](x, w, dy, mean, rstd, out, parts[0], parts[1], m, n, rows,
-                                                             BLOCK=block, CENTRED=True, COMPUTE=s.tl.float32, STAGES=1, WANT_DX=True, RELOAD_W=False,
+                    parts = torch.empty((triton.cdiv(m, rows), 2 * n), dtype=torch.float32, device="cuda")
+                    s.norm_backward_kernel[(parts.shape[0],)](x, w, dy, mean, rstd, out, parts, m, n, rows, 2 * n,
+                                                             BLOCK=block, CENTRED=True, COMPUTE=s.tl.float32, STAGES=1, WANT_DX=True,
                                                              num_warps=warps)
-                    s._sum_parts(parts[0], x), s._sum_parts(parts[1], x)
+                    s._sum_parts(parts, x)
                 ms = bench.gpu_ms(fn, rep_ms=50)
                 line.append(f"bwd {per_sm}/SM w{warps} {norm_cost(m, n, x.element_size(), 'backward')['bytes'] / ms / 1e6:.0f}")
         print(dtype, m, n, " | ".join(line), flush=True)

@@ -508,8 +508,8 @@ def part_ab(ceiling):
             nb, nbf, nbb = (norm_cost(m, n, x.element_size(), k)["bytes"] for k in ("forward", "fused", "backward"))
             block, warps = s._row_launch(n, x.element_size(), "layernorm")
             line = [f"ln {gbps(nb, lambda: s.layernorm(x, w, b, y)) / ceiling:.3f}",
-                    f"ln-row {gbps(nb, lambda: s.layernorm_kernel[(m,)](x, w, b, y, mean, rstd, m, n, 1e-5, BLOCK=block, COMPUTE=tl.float32, STAGES=0, num_warps=warps)) / ceiling:.3f}",
-                    f"ln-loop {gbps(nb, lambda: s.layernorm_kernel[(2 * SMS,)](x, w, b, y, mean, rstd, m, n, 1e-5, BLOCK=block, COMPUTE=tl.float32, STAGES=3, num_warps=16)) / ceiling:.3f}",
+                    f"ln-row {gbps(nb, lambda: s.layernorm_kernel[(m,)](x, w, b, y, mean, rstd, n, 1e-5, BLOCK=block, COMPUTE=tl.float32, num_warps=warps)) / ceiling:.3f}",
+                    f"ln-loop {gbps(nb, lambda: s.layernorm_loop_kernel[(2 * SMS,)](x, w, b, y, mean, rstd, m, n, 1e-5, BLOCK=block, COMPUTE=tl.float32, STAGES=3, num_warps=16)) / ceiling:.3f}",
                     f"F.ln {gbps(nb, lambda: torch.nn.functional.layer_norm(x, (n,), w, b, 1e-5)) / ceiling:.3f}"]
             want_fy, want_fh = s.fused_add_rmsnorm(x, r, w)
             line.append(f"fused {gbps(nbf, lambda: s.fused_add_rmsnorm(x, r, w, y)) / ceiling:.3f}")
@@ -619,7 +619,7 @@ def part_ab2(ceiling):
             want = s.layernorm(x, w, b)[0]
             line = []
             for rep in range(2):
-                line.append(f"ln-row {gbps(nb, lambda: s.layernorm_kernel[(m,)](x, w, b, y, mean, rstd, m, n, 1e-5, BLOCK=block, COMPUTE=tl.float32, STAGES=0, num_warps=warps)) / ceiling:.3f}")
+                line.append(f"ln-row {gbps(nb, lambda: s.layernorm_kernel[(m,)](x, w, b, y, mean, rstd, n, 1e-5, BLOCK=block, COMPUTE=tl.float32, num_warps=warps)) / ceiling:.3f}")
                 for lw, per_sm in ((16, 2), (8, 2), (16, 1)):
                     fn = lambda: ln_fwd[(per_sm * SMS,)](x, w, b, y, mean, rstd, m, n, 1e-5, BLOCK=block, RMS=False, PERSIST=True, STAGES=3, EVICT=False, num_warps=lw)
                     try:
