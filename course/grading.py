@@ -49,6 +49,10 @@ class Case:
     inputs: tuple  # float64 NumPy arrays; cast to `dtype` before the call
     dtype: str
     tolerance: tuple | None = None  # (atol, rtol, reason) where the dtype's default cannot hold
+    # Keyword arguments of the call and of the reference, not cast (flags, masks, integer lengths):
+    # NumPy arrays among them reach a Triton/CUDA function as tensors on its device, in their own dtype.
+    kwargs: dict = field(default_factory=dict)
+    strided: bool = False  # pass inputs of 3+ dims as non-contiguous views (storage with axes -3, -2 swapped)
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Task:
     # (*inputs) -> one array per output: the size of the terms each output element sums, for outputs
     # that are sums with cancellation (gradients). Their error is judged against that size, not |ref|.
     scale: Callable | None = None
+    out_shape: Callable | None = None  # (*input shapes) -> shape of `out`; default: the first input's
 
     def graded_dtypes(self) -> tuple[str, ...]:
         if self.backend == "triton":
@@ -144,11 +149,26 @@ def _cuda_resources(task: Task, module) -> str:
     return "; ".join(str(r) for r in reports)
 
 
-def _to_backend(task: Task, array: np.ndarray, dtype: str):
+def _to_backend(task: Task, array: np.ndarray, dtype: str, strided: bool = False):
+    """`array` cast to `dtype` for the task's backend; with `strided`, as a view whose storage has
+    axes -3 and -2 swapped (a (B, N, H, d) buffer seen as (B, H, N, d)), so it is not contiguous."""
+    swap = strided and array.ndim >= 3
+    if swap:
+        array = np.swapaxes(array, -3, -2)
     if task.backend == "numpy":
-        return array.astype(dtype)
+        cast = np.ascontiguousarray(array.astype(dtype))
+        return np.swapaxes(cast, -3, -2) if swap else cast
     import torch
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device=backend.DEVICE, dtype=getattr(torch, dtype))
+    cast = torch.from_numpy(np.ascontiguousarray(array)).to(device=backend.DEVICE, dtype=getattr(torch, dtype))
+    return cast.transpose(-3, -2) if swap else cast
+
+
+def _kwargs_to_backend(task: Task, kwargs: dict) -> dict:
+    if task.backend == "numpy":
+        return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in kwargs.items()}
+    import torch
+    return {k: torch.from_numpy(v.copy()).to(backend.DEVICE) if isinstance(v, np.ndarray) else v
+            for k, v in kwargs.items()}
 
 
 def _to_float64(value) -> np.ndarray:
@@ -157,23 +177,27 @@ def _to_float64(value) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
 
 
-def _poisoned_like(x):
+def _poisoned_like(x, shape):
     import torch
     bits, int_type = POISON_BITS[str(x.dtype).removeprefix("torch.")]
-    return torch.full(x.shape, bits, dtype=getattr(torch, int_type), device=x.device).view(x.dtype)
+    return torch.full(tuple(shape), bits, dtype=getattr(torch, int_type), device=x.device).view(x.dtype)
 
 
 def _run_case(task: Task, fn, case: Case, seed: int) -> float:
     where = f'{task.id} failed on case "{case.name}" ({case.dtype})'
     again = f'reproduce with: course.check("{task.id}", {getattr(fn, "__name__", "fn")}, seed={seed})'
-    inputs = tuple(_to_backend(task, a, case.dtype) for a in case.inputs)
-    ref = task.reference(*(_to_float64(a) for a in inputs))
-    scales = task.scale(*(_to_float64(a) for a in inputs)) if task.scale else (None,) * len(ref)
+    inputs = tuple(_to_backend(task, a, case.dtype, case.strided) for a in case.inputs)
+    kwargs = _kwargs_to_backend(task, case.kwargs)
+    ref = task.reference(*(_to_float64(a) for a in inputs), **case.kwargs)
+    scales = task.scale(*(_to_float64(a) for a in inputs), **case.kwargs) if task.scale else (None,) * len(ref)
     before = [_to_float64(a).copy() for a in inputs]
-    out = _poisoned_like(inputs[0]) if task.writes_out else None
+    out = None
+    if task.writes_out:
+        shape = task.out_shape(*(a.shape for a in inputs)) if task.out_shape else inputs[0].shape
+        out = _poisoned_like(inputs[0], shape)
     try:
         with _banned(task.banned), _timeout(TIMEOUT_S), np.errstate(all="ignore"):
-            got = fn(*inputs, out=out) if task.writes_out else fn(*inputs)
+            got = fn(*inputs, out=out, **kwargs) if task.writes_out else fn(*inputs, **kwargs)
             if task.backend != "numpy" and backend.ON_GPU:
                 import torch
                 torch.cuda.synchronize()

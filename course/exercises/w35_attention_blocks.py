@@ -1,0 +1,334 @@
+"""Your exercises. Generated from solutions/w35_attention_blocks.py by `python -m course stubs`.
+
+Replace every `YOUR CODE HERE` line with your code, then run the grading cell in the notebook
+(or `python -m course grade w35.<exercise>`). The reference solutions are in solutions/w35_attention_blocks.py:
+try first, peek later.
+"""
+import math
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from course.backend import ON_GPU
+from course.cuda import CudaKernel
+from course.heads import as_heads, key_lengths_tensor, out_tensor, rows_at_one_stride, slopes_tensor
+
+MAX_KEYS = 32768  # the fused softmax holds a whole score row in registers
+
+
+# ---------------------------------------------------------------- day 1: NumPy
+def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Scaled scores q kᵀ / sqrt(d) of (B, H, M, d) queries and (B, H, N, d) keys: (B, H, M, N)."""
+    # YOUR CODE HERE
+
+
+# ---------------------------------------------------------------- day 3: masks in NumPy
+def apply_masks(scores: np.ndarray, key_lengths=None, causal: bool = False, alibi_slopes=None) -> np.ndarray:
+    """Scores (B, H, M, N) plus the ALiBi bias -slope_h·|i - j|, then -inf where a key is masked:
+    causal (query i sees keys j <= i) and key padding (keys j >= key_lengths[b] of batch b)."""
+    b, h, m, n = scores.shape
+    i, j = np.arange(m)[:, None], np.arange(n)[None, :]
+    # YOUR CODE HERE
+
+
+# ---------------------------------------------------------------- day 2: QKᵀ as a tiled GEMM in CUDA C
+TILE = 32  # the launch below and TILE in the source must agree
+
+TILED_MATMUL_SRC = r"""
+// C[z] = A[z] · B[z]ᵀ for every head z = b·H + h: A is M×K, B is N×K (rows at any stride), C is a
+// contiguous M×N block. One TILE×TILE block of threads per TILE×TILE tile of C, one output per thread.
+// The K axis is walked TILE columns at a time through shared memory, so each element of A and B is
+// read from global memory once per tile of C that needs it instead of once per output.
+constexpr int TILE = 32;
+
+template <typename T>
+__global__ void tiled_matmul(const T* a, const T* b, T* c, int M, int N, int K, int H,
+                             int a_sb, int a_sh, int a_sm, int b_sb, int b_sh, int b_sn) {
+    __shared__ float As[TILE][TILE];
+    __shared__ float Bs[TILE][TILE + 1];  // +1: threads of a warp read a column of Bs from 32 banks
+    const int z = blockIdx.z, tx = threadIdx.x, ty = threadIdx.y;
+    const T* A = a + (size_t)(z / H) * a_sb + (size_t)(z % H) * a_sh;
+    const T* B = b + (size_t)(z / H) * b_sb + (size_t)(z % H) * b_sh;
+    const int row = blockIdx.y * TILE + ty;    // row of C and of A
+    const int col = blockIdx.x * TILE + tx;    // column of C, row of B
+    const int b_row = blockIdx.x * TILE + ty;  // the row of B this thread loads
+    float acc = 0.f;
+    // YOUR CODE HERE
+    if (row < M && col < N) c[(size_t)z * M * N + (size_t)row * N + col] = from_float<T>(acc);
+}
+"""
+tiled_matmul_kernel = CudaKernel(TILED_MATMUL_SRC, "tiled_matmul")
+
+
+def _check_pair(op: str, a: torch.Tensor, b: torch.Tensor, same_length: bool = False):
+    if a.shape[:2] != b.shape[:2] or a.shape[-1] != b.shape[-1] or (same_length and a.shape[2] != b.shape[2]) \
+            or a.dtype != b.dtype or a.device != b.device:
+        raise ValueError(f"{op}: shapes {tuple(a.shape)} and {tuple(b.shape)} ({a.dtype}, {b.dtype}) do not "
+                         f"match: same batch, heads, head_dim, dtype and device needed")
+
+
+def tiled_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """a · bᵀ per head with the tiled shared-memory CUDA C kernel: a (B, H, M, K), b (B, H, N, K)."""
+    a, b = as_heads(a, "tiled_matmul", "a"), as_heads(b, "tiled_matmul", "b")
+    _check_pair("tiled_matmul", a, b)
+    (bsz, heads, m, k), n = a.shape, b.shape[2]
+    out = out_tensor(out, (bsz, heads, m, n), a, "tiled_matmul")
+    tiled_matmul_kernel((triton.cdiv(n, TILE), triton.cdiv(m, TILE), bsz * heads), (TILE, TILE),
+                        a, b, out, m, n, k, heads, *a.stride()[:3], *b.stride()[:3])
+    return out
+
+
+# ---------------------------------------------------------------- day 2: QKᵀ in Triton
+def _precision(x: torch.Tensor) -> str:
+    """fp32 inputs: exact float32 products ("ieee"), not TF32; 16-bit inputs use tensor cores anyway."""
+    return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def _block_d(d: int) -> int:
+    if d > 256:
+        raise ValueError(f"head_dim {d} is larger than the kernels' 256")
+    return max(16, triton.next_power_of_2(d))
+
+
+@triton.jit
+def qk_scores_kernel(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb, skh, skn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     PRECISION: tl.constexpr):
+    # Program (n-block, m-block, b·H + h) computes one BLOCK_M × BLOCK_N tile of S = scale · Q Kᵀ of one
+    # head with one tl.dot over the whole head dimension. Reads BLOCK_M·d + BLOCK_N·d, writes the tile.
+    pid_n, pid_m, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    # YOUR CODE HERE
+    tl.store(s_ptr + bh.to(tl.int64) * M * N + rows[:, None] * N + cols[None, :], s.to(s_ptr.dtype.element_ty),
+             mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+# (BLOCK_M, BLOCK_N, num_warps): the GPU tile from the sweep in tools/exp_w35.py; on CPU smaller
+# tiles, so the interpreter's tests stay fast on small heads.
+QK_TILE = (128, 128, 8) if ON_GPU else (32, 32, 4)
+
+
+def qk_scores(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0):
+    """scale · q kᵀ per head (Triton): q (B, H, M, d), k (B, H, N, d) -> (B, H, M, N) in q's dtype, or
+    in float32 when `out` is a float32 tensor (the scores keep the accumulator's precision)."""
+    q, k = as_heads(q, "qk_scores", "q"), as_heads(k, "qk_scores", "k")
+    _check_pair("qk_scores", q, k)
+    (bsz, heads, m, d), n = q.shape, k.shape[2]
+    out = out_tensor(out, (bsz, heads, m, n), q, "qk_scores", dtypes=(torch.float32,))
+    block_m, block_n, warps = QK_TILE
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), bsz * heads)
+    qk_scores_kernel[grid](q, k, out, m, n, d, heads, float(scale), *q.stride()[:3], *k.stride()[:3],
+                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d), PRECISION=_precision(q),
+                           num_warps=warps)
+    return out
+
+
+# ---------------------------------------------------------------- day 4: fused scale + mask + softmax
+@triton.jit
+def scale_mask_softmax_kernel(s_ptr, p_ptr, len_ptr, slope_ptr, M, N, H, scale, ssb, ssh, ssm, p_row_stride,
+                              BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, HAS_LENGTHS: tl.constexpr,
+                              HAS_ALIBI: tl.constexpr):
+    # One program per score row (b, h, i). The kept keys are a prefix j < end of the row (causal and
+    # padding both cut it), so only they are read; all N probabilities are written, at rows of P that lie
+    # p_row_stride apart (P may overwrite S in place, also when it is narrower than S).
+    row = tl.program_id(0)
+    i = row % M
+    b, h = row // M // H, row // M % H
+    cols = tl.arange(0, BLOCK_N)
+    # YOUR CODE HERE
+    tl.store(p_ptr + row.to(tl.int64) * p_row_stride + cols, p.to(p_ptr.dtype.element_ty), mask=cols < N)
+
+
+def _mask_args(op, scores, key_lengths, alibi_slopes):
+    lengths = key_lengths_tensor(key_lengths, scores.shape[0], scores, op)
+    slopes = slopes_tensor(alibi_slopes, scores.shape[1], scores, op)
+    return lengths, slopes
+
+
+def scale_mask_softmax(scores: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0,
+                       key_lengths=None, causal: bool = False, alibi_slopes=None) -> torch.Tensor:
+    """softmax(mask(scale · scores - slope·|i - j|)) over the last dimension (Triton). Rows whose keys are
+    all masked come out as zeros. `out` may share the scores' memory: `scores` itself, or, for float32
+    scores, a 16-bit view of the front of each row (`scores.view(torch.bfloat16)[..., :N]`): each program
+    has read its whole row before it writes."""
+    scores = as_heads(scores, "scale_mask_softmax", "scores")
+    bsz, heads, m, n = scores.shape
+    if n > MAX_KEYS:
+        raise ValueError(f"scale_mask_softmax: rows of {n} keys do not fit one block (at most {MAX_KEYS})")
+    out = out_tensor(out, scores.shape, scores, "scale_mask_softmax", dtypes=(torch.float16, torch.bfloat16),
+                     rows=True)
+    lengths, slopes = _mask_args("scale_mask_softmax", scores, key_lengths, alibi_slopes)
+    block = triton.next_power_of_2(n)
+    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+    scale_mask_softmax_kernel[(bsz * heads * m,)](
+        scores, out, lengths if lengths is not None else scores, slopes if slopes is not None else scores,
+        m, n, heads, float(scale), *scores.stride()[:3], out.stride(2), BLOCK_N=block, CAUSAL=bool(causal),
+        HAS_LENGTHS=lengths is not None, HAS_ALIBI=slopes is not None, num_warps=warps)
+    return out
+
+
+SOFTMAX_THREADS = 256  # the launch below and THREADS in the source must agree
+
+CUDA_SCALE_MASK_SOFTMAX_SRC = r"""
+// One block of THREADS threads per score row (b, h, i): p = softmax(mask(scale · s - slope·|i - j|)).
+// The kept keys are the prefix j < end. Reads the kept scores twice (max, then sum; the second read
+// hits L1/L2) and once more to write, and writes all N probabilities.
+constexpr int THREADS = 256;
+
+__device__ float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+__device__ float warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Every thread gets the block's max (IS_MAX) or sum of v.
+template <bool IS_MAX>
+__device__ float block_reduce(float v, float* smem) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    v = IS_MAX ? warp_max(v) : warp_sum(v);
+    if (lane == 0) smem[warp] = v;
+    __syncthreads();
+    v = lane < THREADS / 32 ? smem[lane] : (IS_MAX ? -INFINITY : 0.f);
+    v = IS_MAX ? warp_max(v) : warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+template <typename T>
+__global__ void cuda_scale_mask_softmax(const T* s, T* p, const int* key_lengths, const float* slopes,
+                                        int M, int N, int H, float scale, int s_sb, int s_sh, int s_sm,
+                                        int causal, int has_lengths, int has_alibi) {
+    __shared__ float smem[32];
+    const int i = blockIdx.x % M, bh = blockIdx.x / M, b = bh / H, h = bh % H;
+    const T* srow = s + (size_t)b * s_sb + (size_t)h * s_sh + (size_t)i * s_sm;
+    T* prow = p + (size_t)blockIdx.x * N;
+    const float slope = has_alibi ? slopes[h] : 0.f;
+    // YOUR CODE HERE
+}
+"""
+cuda_scale_mask_softmax_kernel = CudaKernel(CUDA_SCALE_MASK_SOFTMAX_SRC, "cuda_scale_mask_softmax")
+
+
+def cuda_scale_mask_softmax(scores: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0,
+                            key_lengths=None, causal: bool = False, alibi_slopes=None) -> torch.Tensor:
+    """scale_mask_softmax with the block-per-row CUDA C kernel (same arguments and conventions)."""
+    scores = as_heads(scores, "cuda_scale_mask_softmax", "scores")
+    bsz, heads, m, n = scores.shape
+    out = out_tensor(out, scores.shape, scores, "cuda_scale_mask_softmax")
+    lengths, slopes = _mask_args("cuda_scale_mask_softmax", scores, key_lengths, alibi_slopes)
+    dummy = torch.empty(1, dtype=torch.int32, device=scores.device)
+    cuda_scale_mask_softmax_kernel((bsz * heads * m,), (SOFTMAX_THREADS,), scores, out,
+                                   lengths if lengths is not None else dummy,
+                                   slopes if slopes is not None else dummy.float(), m, n, heads, float(scale),
+                                   *scores.stride()[:3], int(bool(causal)), int(lengths is not None),
+                                   int(slopes is not None))
+    return out
+
+
+# ---------------------------------------------------------------- day 5: PV and the composed attention
+@triton.jit
+def pv_kernel(p_ptr, v_ptr, o_ptr, M, N, D, H, p_row_stride, svb, svh, svn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_D: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
+    # Program (m-block, b·H + h): the BLOCK_M × d tile of O = P V of one head, accumulated in float32
+    # over key blocks. P's rows (b, h, i) lie p_row_stride apart. With CAUSAL, P is zero right of the diagonal, so
+    # key blocks past the tile's last row are never loaded. Reads BLOCK_M·N of P and N·d of V.
+    pid_m, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    p_rows = p_ptr + (bh.to(tl.int64) * M + rows[:, None]) * p_row_stride
+    v_head = v_ptr + b * svb + h * svh
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    # YOUR CODE HERE
+    o = o_ptr + bh.to(tl.int64) * M * D + rows[:, None] * D + dims[None, :]
+    tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (dims[None, :] < D))
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) on the GPU (tools/exp_w35.py); smaller on CPU.
+PV_TILE = (128, 64, 8, 3) if ON_GPU else (32, 32, 4, 1)
+
+
+def pv(p: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    """O = P V per head (Triton): p (B, H, M, N) probabilities, contiguous or rows at one stride (see
+    scale_mask_softmax), v (B, H, N, d) any strides. causal=True promises P is zero right of the
+    diagonal (j > i), so those key blocks are skipped."""
+    v = as_heads(v, "pv", "v")
+    if not (isinstance(p, torch.Tensor) and p.dim() == 4 and p.shape[:2] == v.shape[:2]
+            and p.shape[3] == v.shape[2] and p.dtype == v.dtype and rows_at_one_stride(p)):
+        raise ValueError(f"pv: p must be a (B, H, M, N) tensor with contiguous rows at one stride, matching v {tuple(v.shape)} {v.dtype}; "
+                         f"got {tuple(getattr(p, 'shape', ()))} {getattr(p, 'dtype', type(p).__name__)}")
+    bsz, heads, m, n = p.shape
+    d = v.shape[3]
+    out = out_tensor(out, (bsz, heads, m, d), v, "pv")
+    block_m, block_n, warps, stages = PV_TILE
+    pv_kernel[(triton.cdiv(m, block_m), bsz * heads)](
+        p, v, out, m, n, d, heads, p.stride(2), *v.stride()[:3], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d),
+        CAUSAL=bool(causal), PRECISION=_precision(v), num_warps=warps, num_stages=stages)
+    return out
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None,
+              key_lengths=None, causal: bool = False, alibi_slopes=None, scale: float | None = None):
+    """softmax(mask(scale · q kᵀ - slope·|i - j|)) v from three kernels: qk_scores, scale_mask_softmax,
+    pv. The scores are kept in float32 (16-bit scores would round every logit, and with it every
+    probability) and the probabilities, in q's dtype, overwrite them in place: one float32 (B, H, M, N)
+    buffer is all the extra memory. scale defaults to 1/sqrt(d)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    _check_pair("attention", k, v, same_length=True)
+    # YOUR CODE HERE
+
+
+# ---------------------------------------------------------------- day 6: RoPE and the fused QKV projection
+@triton.jit
+def rope_kernel(x_ptr, cos_ptr, sin_ptr, y_ptr, N, H, HALF, sxb, sxh, sxn, BLOCK_N: tl.constexpr,
+                BLOCK_HALF: tl.constexpr):
+    # Program (n-block, b·H + h) rotates BLOCK_N positions of one head: the pair (x_c, x_{c+d/2}) of
+    # position t turns by the angle t·θ_c. Reads x once and the tables (N × d/2, shared by all heads,
+    # from L2), writes y once.
+    pid_n, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    pos = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c = tl.arange(0, BLOCK_HALF)
+    mask = (pos[:, None] < N) & (c[None, :] < HALF)
+    x_row = x_ptr + b * sxb + h * sxh + pos[:, None] * sxn
+    y_row = y_ptr + bh.to(tl.int64) * N * 2 * HALF + pos[:, None] * 2 * HALF
+    table = pos[:, None] * HALF + c[None, :]
+    # YOUR CODE HERE
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary embedding of x (B, H, N, d), "rotate half" layout: cos and sin are (N, d/2) tables
+    (course.w35_attention_blocks.reference.rope_tables), in any float dtype."""
+    x = as_heads(x, "rope", "x")
+    bsz, heads, n, d = x.shape
+    if d % 2 or cos.shape != (n, d // 2) or sin.shape != (n, d // 2):
+        raise ValueError(f"rope: need an even head_dim and cos, sin of shape {(n, d // 2)}; got d = {d}, "
+                         f"{tuple(cos.shape)} and {tuple(sin.shape)}")
+    out = out_tensor(out, x.shape, x, "rope")
+    block_n = 64 if ON_GPU else 32
+    rope_kernel[(triton.cdiv(n, block_n), bsz * heads)](
+        x, cos.contiguous(), sin.contiguous(), out, n, heads, d // 2, *x.stride()[:3], BLOCK_N=block_n,
+        BLOCK_HALF=triton.next_power_of_2(d // 2), num_warps=4)
+    return out
+
+
+def qkv_projection(x: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, n_heads: int):
+    """q, k, v of multi-head attention from one GEMM: x (B, N, C) times the stacked weights w_qkv
+    (3C, C) gives (B, N, 3, H, d), seen as three (B, H, N, d) views with no copy (strided, not
+    contiguous: the kernels above take strides for this reason)."""
+    bsz, n, c = x.shape
+    if w_qkv.shape != (3 * c, c) or c % n_heads:
+        raise ValueError(f"qkv_projection: need w_qkv of shape {(3 * c, c)} and C = {c} divisible by "
+                         f"n_heads = {n_heads}; got {tuple(w_qkv.shape)}")
+    qkv = torch.nn.functional.linear(x, w_qkv, b_qkv).view(bsz, n, 3, n_heads, c // n_heads)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k, v
