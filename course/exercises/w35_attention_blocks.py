@@ -94,23 +94,23 @@ def _block_d(d: int) -> int:
 
 @triton.jit
 def qk_scores_kernel(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb, skh, skn,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                     PRECISION: tl.constexpr):
-    # Program (n-block, m-block, b·H + h) computes one BLOCK_M × BLOCK_N tile of S = scale · Q Kᵀ of one
-    # head with one tl.dot over the whole head dimension. Reads BLOCK_M·d + BLOCK_N·d, writes the tile.
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILES: tl.constexpr,
+                     STAGES: tl.constexpr, PRECISION: tl.constexpr):
+    # Program (n-group, m-block, b·H + h) computes TILES neighbouring BLOCK_M × BLOCK_N tiles of
+    # S = scale · Q Kᵀ of one head, each with one tl.dot over the whole head dimension. The Q tile is
+    # loaded once; the loop is pipelined, so the next K tile is on its way while this tile is stored.
+    # Reads BLOCK_M·d + TILES·BLOCK_N·d, writes TILES tiles.
     pid_n, pid_m, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     b, h = bh // H, bh % H
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, BLOCK_D)
+    s_rows = s_ptr + bh.to(tl.int64) * M * N + rows[:, None] * N
     # YOUR CODE HERE
-    tl.store(s_ptr + bh.to(tl.int64) * M * N + rows[:, None] * N + cols[None, :], s.to(s_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-# (BLOCK_M, BLOCK_N, num_warps): the GPU tile from the sweep in tools/exp_w35.py; on CPU smaller
-# tiles, so the interpreter's tests stay fast on small heads.
-QK_TILE = (128, 128, 8) if ON_GPU else (32, 32, 4)
+# (BLOCK_M, BLOCK_N, TILES, STAGES, num_warps): the GPU tiles from the sweep in tools/exp_w35.py; on CPU
+# smaller tiles, so the interpreter's tests stay fast on small heads.
+QK_TILE = (128, 128, 4, 2, 8) if ON_GPU else (32, 32, 2, 1, 4)
 
 
 def qk_scores(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None, scale: float = 1.0):
@@ -120,11 +120,11 @@ def qk_scores(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None,
     _check_pair("qk_scores", q, k)
     (bsz, heads, m, d), n = q.shape, k.shape[2]
     out = out_tensor(out, (bsz, heads, m, n), q, "qk_scores", dtypes=(torch.float32,))
-    block_m, block_n, warps = QK_TILE
-    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), bsz * heads)
+    block_m, block_n, tiles, stages, warps = QK_TILE
+    grid = (triton.cdiv(n, block_n * tiles), triton.cdiv(m, block_m), bsz * heads)
     qk_scores_kernel[grid](q, k, out, m, n, d, heads, float(scale), *q.stride()[:3], *k.stride()[:3],
-                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d), PRECISION=_precision(q),
-                           num_warps=warps)
+                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d), TILES=tiles, STAGES=stages,
+                           PRECISION=_precision(q), num_warps=warps)
     return out
 
 
@@ -164,7 +164,8 @@ def scale_mask_softmax(scores: torch.Tensor, out: torch.Tensor | None = None, sc
                      rows=True)
     lengths, slopes = _mask_args("scale_mask_softmax", scores, key_lengths, alibi_slopes)
     block = triton.next_power_of_2(n)
-    warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
+    # about 2 KB of scores per warp, 2 to 16 warps (tools/exp_w35.py, H200: more warps per row lose)
+    warps = max(2, min(16, triton.next_power_of_2(block * scores.element_size() // 2048)))
     scale_mask_softmax_kernel[(bsz * heads * m,)](
         scores, out, lengths if lengths is not None else scores, slopes if slopes is not None else scores,
         m, n, heads, float(scale), *scores.stride()[:3], out.stride(2), BLOCK_N=block, CAUSAL=bool(causal),
