@@ -3,12 +3,12 @@ from course.mutants import Mutant
 
 MUTANTS = [
     # attention_scores
-    Mutant("w35.attention_scores", "scale never applied", "    return (q @ np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])",
+    Mutant("w35.attention_scores", "scale never applied", "    return (q @ np.swapaxes(k, -1, -2)) / math.sqrt(q.shape[-1])",
            "    return q @ np.swapaxes(k, -1, -2)"),
     Mutant("w35.attention_scores", "scale applied twice (divided by d instead of sqrt(d))",
-           "/ np.sqrt(q.shape[-1])", "/ q.shape[-1]"),
+           "-2)) / math.sqrt(q.shape[-1])", "-2)) / q.shape[-1]"),
     Mutant("w35.attention_scores", "scaled by the number of keys instead of the head dimension",
-           "/ np.sqrt(q.shape[-1])", "/ np.sqrt(k.shape[-2])"),
+           "-2)) / math.sqrt(q.shape[-1])", "-2)) / math.sqrt(k.shape[-2])"),
     Mutant("w35.attention_scores", "K transposed with .T, which reverses every axis",
            "(q @ np.swapaxes(k, -1, -2))", "(q @ k.T)"),
     # apply_masks
