@@ -186,7 +186,9 @@ def scale_mask_softmax_kernel(s_ptr, p_ptr, len_ptr, slope_ptr, M, N, H, scale, 
     if HAS_ALIBI:
         x = x - tl.load(slope_ptr + h) * tl.abs(i - cols).to(tl.float32)
     x = tl.where(keep, x, -float("inf"))
-    e = tl.where(keep, tl.exp(x - tl.max(x, axis=0)), 0.0)  # a fully masked row: e = 0, not exp(NaN)
+    top = tl.max(x, axis=0)
+    top = tl.where(top == -float("inf"), 0.0, top)  # a fully masked row: exp(-inf - 0) = 0, not exp(NaN)
+    e = tl.where(keep, tl.exp(x - top), 0.0)
     total = tl.sum(e, axis=0)
     p = e / tl.where(total > 0, total, 1.0)
     ### END SOLUTION
