@@ -133,6 +133,332 @@ def part_softmax():
             del scores, out
 
 
+@triton.jit
+def softmax_fast(s_ptr, p_ptr, M, N, scale, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    # the one-block kernel with fewer instructions per key: one where, and p = e · (1 / sum)
+    row = tl.program_id(0)
+    i = row % M
+    cols = tl.arange(0, BLOCK_N)
+    end = tl.minimum(N, i + 1) if CAUSAL else N
+    loaded = cols < tl.minimum(tl.cdiv(end, 16) * 16, N)
+    s = tl.load(s_ptr + row.to(tl.int64) * N + cols, mask=loaded, other=0.0).to(tl.float32)
+    x = tl.where(cols < end, s * scale, -float("inf"))
+    e = tl.exp(x - tl.max(x, axis=0))
+    p = e * (1.0 / tl.sum(e, axis=0))
+    tl.store(p_ptr + row.to(tl.int64) * N + cols, p.to(p_ptr.dtype.element_ty), mask=cols < N)
+
+
+@triton.jit
+def softmax_chunked(s_ptr, p_ptr, M, N, scale, p_row_stride, CHUNK: tl.constexpr, CAUSAL: tl.constexpr,
+                    LANE_STATE: tl.constexpr):
+    # two passes over the kept prefix in CHUNK-key pieces: (m, l) online (per chunk or per lane), then
+    # p = exp(x - m) / l; the masked tail is written as zeros without reading it. A barrier between each
+    # chunk's load and store keeps the in-place fp32 -> 16-bit case race-free.
+    row = tl.program_id(0)
+    i = row % M
+    cols = tl.arange(0, CHUNK)
+    end = tl.minimum(N, i + 1) if CAUSAL else N
+    s_row = s_ptr + row.to(tl.int64) * N
+    p_row = p_ptr + row.to(tl.int64) * p_row_stride
+    if LANE_STATE:
+        m = tl.full([CHUNK], -float("inf"), tl.float32)
+        l = tl.zeros([CHUNK], tl.float32)
+        for start in tl.range(0, end, CHUNK):
+            x = tl.load(s_row + start + cols, mask=start + cols < end, other=-float("inf")).to(tl.float32) * scale
+            m_new = tl.maximum(m, x)
+            l = l * tl.exp(tl.where(m_new == -float("inf"), 0.0, m - m_new)) + tl.exp(x - tl.where(m_new == -float("inf"), 0.0, m_new))
+            m = m_new
+        top = tl.max(m, axis=0)
+        total = tl.sum(l * tl.exp(m - top), axis=0)
+    else:
+        top = -float("inf")
+        total = 0.0
+        for start in tl.range(0, end, CHUNK):
+            x = tl.load(s_row + start + cols, mask=start + cols < end, other=-float("inf")).to(tl.float32) * scale
+            new_top = tl.maximum(top, tl.max(x, axis=0))
+            total = total * tl.exp(top - new_top) + tl.sum(tl.exp(x - new_top), axis=0)
+            top = new_top
+    inv = 1.0 / total
+    for start in tl.range(0, end, CHUNK):
+        x = tl.load(s_row + start + cols, mask=start + cols < end, other=-float("inf")).to(tl.float32) * scale
+        tl.debug_barrier()
+        tl.store(p_row + start + cols, (tl.exp(x - top) * inv).to(p_ptr.dtype.element_ty), mask=start + cols < N)
+    for start in tl.range(tl.cdiv(end, CHUNK) * CHUNK, N, CHUNK):
+        tl.store(p_row + start + cols, tl.zeros([CHUNK], tl.float32).to(p_ptr.dtype.element_ty), mask=start + cols < N)
+
+
+def part_softmax2():
+    """The fused softmax's variants against the solution kernel: bf16 scores -> bf16 p, and float32
+    scores -> bf16 p written in place (the composed attention's case)."""
+    copy = bench.copy_ceiling_gbps()
+    print(f"copy ceiling {copy:.0f} GB/s")
+    for n in (1024, 2048, 4096):
+        for src_dtype in (torch.bfloat16, torch.float32):
+            scores = torch.randn(B, H, n, n, device="cuda", dtype=src_dtype) * 3
+            out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
+            for causal in (False, True):
+                keep = torch.ones(n, n, dtype=torch.bool, device="cuda").tril() if causal else None
+                x = scores.float() * 0.088
+                want = torch.softmax(x.masked_fill(~keep, float("-inf")) if causal else x, -1)
+                del x
+                kept = B * H * (n * (n + 1) // 2 if causal else n * n)
+                nbytes = kept * scores.element_size() + B * H * n * n * 2
+                variants = {"solution": lambda: s.scale_mask_softmax_kernel[(B * H * n,)](
+                    scores, out, scores, scores, n, n, H, 0.088, *scores.stride()[:3], n,
+                    BLOCK_N=triton.next_power_of_2(n), CAUSAL=causal, HAS_LENGTHS=False, HAS_ALIBI=False,
+                    num_warps=max(2, min(16, n * scores.element_size() // 2048)))}
+                for warps in (2, 4, 8):
+                    variants[f"fast w{warps}"] = (lambda w: lambda: softmax_fast[(B * H * n,)](
+                        scores, out, n, n, 0.088, BLOCK_N=n, CAUSAL=causal, num_warps=w))(warps)
+                for chunk in (512, 1024, 2048):
+                    for warps in (2, 4, 8):
+                        for lane in (0, 1):
+                            if chunk // (32 * warps) < 4:
+                                continue
+                            variants[f"chunked C{chunk} w{warps} lane{lane}"] = (lambda c, w, ls: lambda: softmax_chunked[(B * H * n,)](
+                                scores, out, n, n, 0.088, n, CHUNK=c, CAUSAL=causal, LANE_STATE=ls, num_warps=w))(chunk, warps, lane)
+                for name, run in variants.items():
+                    out.fill_(float("nan"))
+                    run()
+                    err = (out.float() - want).abs().max().item()
+                    gbps = nbytes / bench.gpu_ms(run, rep_ms=40) / 1e6
+                    print(f"softmax2 N={n} {str(src_dtype)[6:]} causal={causal} {name}: {gbps:.0f} GB/s "
+                          f"({gbps / copy:.3f} of copy) err {err:.2g}")
+                if src_dtype == torch.float32:  # in place: p overwrites the front of each float32 row
+                    for chunk, warps in ((1024, 4), (2048, 8)):
+                        work = scores.clone()
+                        softmax_chunked[(B * H * n,)](work, work.view(torch.bfloat16), n, n, 0.088, 2 * n,
+                                                      CHUNK=chunk, CAUSAL=causal, LANE_STATE=0, num_warps=warps)
+                        got = work.view(torch.bfloat16)[..., :n].float()
+                        print(f"  in place C{chunk} w{warps}: err {(got - want).abs().max().item():.2g}")
+                        del work
+                del want
+            del scores, out
+
+
+@triton.jit
+def qk_variant(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb, skh, skn,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILES: tl.constexpr,
+               STAGES: tl.constexpr, STORE: tl.constexpr):
+    # qk_scores_kernel with other stores: STORE 0 plain, 1 streaming (.cs), 2 a TMA tensor descriptor
+    pid_n, pid_m, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    s_rows = s_ptr + bh.to(tl.int64) * M * N + rows[:, None] * N
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :],
+                mask=(rows[:, None] < M) & (dims[None, :] < D), other=0.0)
+    if STORE == 2:
+        desc = tl.make_tensor_descriptor(s_ptr + bh.to(tl.int64) * M * N, shape=[M, N], strides=[N, 1],
+                                         block_shape=[BLOCK_M, BLOCK_N])
+    for t in tl.range(0, TILES, num_stages=STAGES):
+        cols = (pid_n * TILES + t) * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_t = tl.load(k_ptr + b * skb + h * skh + cols[None, :] * skn + dims[:, None],
+                      mask=(cols[None, :] < N) & (dims[:, None] < D), other=0.0)
+        s = (tl.dot(q, k_t) * scale).to(s_ptr.dtype.element_ty)
+        if STORE == 2:
+            desc.store([pid_m * BLOCK_M, (pid_n * TILES + t) * BLOCK_N], s)
+        elif STORE == 1:
+            tl.store(s_rows + cols[None, :], s, mask=(rows[:, None] < M) & (cols[None, :] < N), cache_modifier=".cs")
+        else:
+            tl.store(s_rows + cols[None, :], s, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def part_qk2():
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    for n, d in ((4096, 128), (4096, 64), (1024, 128), (1024, 64)):
+        q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
+        want = torch.matmul(q, k.transpose(-1, -2))
+        flops = ref.qk_cost(B * H, n, n, d, 2)["flops"]
+        for rep in range(2):  # torch's rate varies from run to run: measure it twice, around ours
+            peer = flops / bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out), rep_ms=60) / 1e9
+            print(f"qk2 N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
+            for bm, bn, tiles, stages, warps in ((128, 64, 16, 3, 8), (128, 128, 16, 3, 8), (128, 64, 8, 3, 8)):
+                for store in (0, 1, 2):
+                    def run():
+                        grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
+                        qk_variant[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
+                                         BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, STORE=store, num_warps=warps)
+                    name = f"BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps} store={store}"
+                    try:
+                        out.zero_()
+                        run()
+                        torch.cuda.synchronize()
+                        err = (out.float() - want.float()).abs().max().item()
+                        tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
+                        print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
+                    except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported
+                        print(f"  {name}: {type(exc).__name__} {str(exc)[:120]}")
+        del q, k, out, want
+
+
+@triton.jit
+def _prefix_probs(s_row, cols, end, n, scale, EVICT: tl.constexpr):
+    # probabilities of one row over `cols`, the keys j < end kept (loads rounded up to 16 keys)
+    loaded = cols < tl.minimum(tl.cdiv(end, 16) * 16, n)
+    if EVICT:
+        s = tl.load(s_row + cols, mask=loaded, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    else:
+        s = tl.load(s_row + cols, mask=loaded, other=0.0).to(tl.float32)
+    x = tl.where(cols < end, s * scale, -float("inf"))
+    top = tl.max(x, axis=0)
+    e = tl.exp(x - tl.where(top == -float("inf"), 0.0, top))
+    return e * (1.0 / tl.maximum(tl.sum(e, axis=0), 1e-30))
+
+
+@triton.jit
+def softmax_split(s_ptr, p_ptr, M, N, scale, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, SPLITS: tl.constexpr,
+                  EVICT: tl.constexpr, STREAM: tl.constexpr):
+    # softmax_fast, plus: a row whose kept keys fit in BLOCK_N/2 (or /4) computes only that part and
+    # stores zeros after it, so a causal row costs instructions in proportion to its kept keys.
+    row = tl.program_id(0)
+    i = row % M
+    end = tl.minimum(N, i + 1) if CAUSAL else N
+    s_row = s_ptr + row.to(tl.int64) * N
+    p_row = p_ptr + row.to(tl.int64) * N
+    cols = tl.arange(0, BLOCK_N)
+    if SPLITS >= 2 and end <= BLOCK_N // 4 and SPLITS == 4:
+        q = tl.arange(0, BLOCK_N // 4)
+        tl.store(p_row + q, _prefix_probs(s_row, q, end, N, scale, EVICT).to(p_ptr.dtype.element_ty), mask=q < N)
+        tl.store(p_row + cols, tl.zeros([BLOCK_N], p_ptr.dtype.element_ty), mask=(cols >= BLOCK_N // 4) & (cols < N))
+    elif SPLITS >= 2 and end <= BLOCK_N // 2:
+        half = tl.arange(0, BLOCK_N // 2)
+        tl.store(p_row + half, _prefix_probs(s_row, half, end, N, scale, EVICT).to(p_ptr.dtype.element_ty), mask=half < N)
+        tl.store(p_row + BLOCK_N // 2 + half, tl.zeros([BLOCK_N // 2], p_ptr.dtype.element_ty), mask=BLOCK_N // 2 + half < N)
+    else:
+        p = _prefix_probs(s_row, cols, end, N, scale, EVICT).to(p_ptr.dtype.element_ty)
+        if STREAM:
+            tl.store(p_row + cols, p, mask=cols < N, cache_modifier=".cs")
+        else:
+            tl.store(p_row + cols, p, mask=cols < N)
+
+
+def part_softmax3():
+    copy = bench.copy_ceiling_gbps()
+    print(f"copy ceiling {copy:.0f} GB/s")
+    for n in (1024, 2048, 4096):
+        for src_dtype in (torch.bfloat16, torch.float32):
+            scores = torch.randn(B, H, n, n, device="cuda", dtype=src_dtype) * 3
+            out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
+            for causal in (False, True):
+                keep = torch.ones(n, n, dtype=torch.bool, device="cuda").tril() if causal else None
+                x = scores.float() * 0.088
+                want = torch.softmax(x.masked_fill(~keep, float("-inf")) if causal else x, -1)
+                del x
+                kept = B * H * (n * (n + 1) // 2 if causal else n * n)
+                nbytes = kept * scores.element_size() + B * H * n * n * 2
+                base = max(2, min(16, n * scores.element_size() // 2048))
+                for warps in sorted({base, 2 * base, max(1, base // 2)}):
+                    for splits, evict, stream in ((1, 0, 0), (2, 0, 0), (4, 0, 0), (1, 1, 0), (1, 0, 1), (2, 1, 1), (4, 1, 1)):
+                        if not causal and splits > 1:
+                            continue
+                        def run():
+                            softmax_split[(B * H * n,)](scores, out, n, n, 0.088, BLOCK_N=n, CAUSAL=causal,
+                                                        SPLITS=splits, EVICT=evict, STREAM=stream, num_warps=warps)
+                        out.fill_(float("nan"))
+                        run()
+                        err = (out.float() - want).abs().max().item()
+                        gbps = nbytes / bench.gpu_ms(run, rep_ms=40) / 1e6
+                        print(f"softmax3 N={n} {str(src_dtype)[6:]} causal={causal} w{warps} splits={splits} "
+                              f"evict={evict} stream={stream}: {gbps:.0f} GB/s ({gbps / copy:.3f} of copy) err {err:.2g}")
+                del want
+            del scores, out
+
+
+QK3_CONFIGS = [(128, 64, 16, 3, 8), (128, 64, 16, 2, 8), (128, 64, 16, 2, 4), (128, 64, 16, 3, 4), (64, 64, 16, 3, 4),
+               (64, 128, 16, 2, 4), (64, 128, 8, 3, 4), (128, 64, 32, 2, 8), (256, 64, 16, 2, 8), (128, 32, 16, 3, 4),
+               (64, 64, 32, 3, 4), (64, 64, 16, 4, 4)]
+
+
+def part_qk3():
+    for n, d in ((4096, 128), (1024, 128)):
+        q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
+        want = torch.matmul(q, k.transpose(-1, -2))
+        flops = ref.qk_cost(B * H, n, n, d, 2)["flops"]
+        for rep in range(2):
+            peer = flops / bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out), rep_ms=60) / 1e9
+            print(f"qk3 N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
+            for bm, bn, tiles, stages, warps in QK3_CONFIGS:
+                for store in (0, 1):
+                    def run():
+                        grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
+                        qk_variant[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
+                                         BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, STORE=store, num_warps=warps)
+                    name = f"BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps} store={store}"
+                    try:
+                        out.zero_()
+                        run()
+                        torch.cuda.synchronize()
+                        err = (out.float() - want.float()).abs().max().item()
+                        tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
+                        print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"  {name}: {type(exc).__name__} {str(exc)[:120]}")
+        del q, k, out, want
+
+
+@triton.jit
+def qk_lag(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb, skh, skn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILES: tl.constexpr,
+           STAGES: tl.constexpr, STREAM: tl.constexpr):
+    # qk_scores_kernel, software-pipelined by hand: tile t+1's dot is issued before tile t is stored
+    pid_n, pid_m, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    s_rows = s_ptr + bh.to(tl.int64) * M * N + rows[:, None] * N
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :],
+                mask=(rows[:, None] < M) & (dims[None, :] < D), other=0.0)
+    k_base = k_ptr + b * skb + h * skh
+    cols = pid_n * TILES * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_t = tl.load(k_base + cols[None, :] * skn + dims[:, None], mask=(cols[None, :] < N) & (dims[:, None] < D), other=0.0)
+    s = (tl.dot(q, k_t) * scale).to(s_ptr.dtype.element_ty)
+    for t in tl.range(1, TILES, num_stages=STAGES):
+        nxt_cols = cols + BLOCK_N
+        k_t = tl.load(k_base + nxt_cols[None, :] * skn + dims[:, None], mask=(nxt_cols[None, :] < N) & (dims[:, None] < D), other=0.0)
+        nxt = (tl.dot(q, k_t) * scale).to(s_ptr.dtype.element_ty)
+        if STREAM:
+            tl.store(s_rows + cols[None, :], s, mask=(rows[:, None] < M) & (cols[None, :] < N), cache_modifier=".cs")
+        else:
+            tl.store(s_rows + cols[None, :], s, mask=(rows[:, None] < M) & (cols[None, :] < N))
+        s = nxt
+        cols = nxt_cols
+    tl.store(s_rows + cols[None, :], s, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def part_qk4():
+    for n, d in ((4096, 128), (1024, 128), (4096, 64)):
+        q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
+        want = torch.matmul(q, k.transpose(-1, -2))
+        flops = ref.qk_cost(B * H, n, n, d, 2)["flops"]
+        for rep in range(2):
+            peer = flops / bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out), rep_ms=60) / 1e9
+            print(f"qk4 N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
+            for bm, bn, tiles, stages, warps in ((128, 64, 16, 3, 8), (128, 64, 8, 3, 8), (128, 128, 8, 3, 8),
+                                                 (64, 64, 16, 3, 4), (256, 64, 16, 2, 8), (128, 64, 16, 2, 8),
+                                                 (128, 64, 16, 3, 4), (128, 128, 16, 2, 8)):
+                for kernel, flag in ((qk_variant, 0), (qk_lag, 0), (qk_lag, 1)):
+                    def run():
+                        grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
+                        extra = {"STORE": 0} if kernel is qk_variant else {"STREAM": flag}
+                        kernel[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
+                                     BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, num_warps=warps, **extra)
+                    name = f"{kernel.fn.__name__} stream={flag} BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps}"
+                    try:
+                        out.zero_()
+                        run()
+                        torch.cuda.synchronize()
+                        err = (out.float() - want.float()).abs().max().item()
+                        tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
+                        print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
+                    except Exception as exc:  # noqa: BLE001
+                        print(f"  {name}: {type(exc).__name__} {str(exc)[:120]}")
+        del q, k, out, want
+
+
 if __name__ == "__main__":
     for part in sys.argv[1:] or ["qk", "pv", "softmax"]:
         globals()[f"part_{part}"]()

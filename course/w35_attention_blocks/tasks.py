@@ -218,7 +218,7 @@ TASKS = {t.id: t for t in [
     Task("w35.qk_scores", "triton", ("qk_scores_kernel",), gemm_cases(True),
          lambda q, k, scale=1.0: (scale * (q @ np.swapaxes(k, -1, -2)),), writes_out=True, banned=MATMULS,
          hint=gemm_hint, dtypes=ALL_DTYPES, scale=_gemm_scale, out_shape=lambda q, k: (*q[:3], k[2])),
-    Task("w35.scale_mask_softmax", "triton", ("scale_mask_softmax_kernel",), softmax_cases,
+    Task("w35.scale_mask_softmax", "triton", ("scale_mask_softmax_kernel", "masked_row_softmax"), softmax_cases,
          ref.scale_mask_softmax, outputs=("p",), writes_out=True, banned=SOFTMAXES + SDPA, hint=softmax_hint,
          dtypes=ALL_DTYPES),
     Task("w35.cuda_scale_mask_softmax", "cuda", ("CUDA_SCALE_MASK_SOFTMAX_SRC",), softmax_cases,

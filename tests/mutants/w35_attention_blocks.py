@@ -42,9 +42,11 @@ MUTANTS = [
            "        end = tl.where(i < tl.load(len_ptr + b), end, 0)"),
     Mutant("w35.scale_mask_softmax", "scale never applied", "    x = s * scale\n", "    x = s\n"),
     Mutant("w35.scale_mask_softmax", "fully masked rows give NaN: exp(-inf - (-inf)) is not guarded",
-           "    e = tl.where(keep, tl.exp(x - top), 0.0)", "    e = tl.exp(x - tl.max(x, axis=0))"),
+           "    top = tl.where(top == -float(\"inf\"), 0.0, top)", "    top = top"),
     Mutant("w35.scale_mask_softmax", "divided by the largest term instead of the sum: rows do not sum to 1",
-           "p = e / tl.where(total > 0, total, 1.0)", "p = e / tl.where(total > 0, tl.max(e, axis=0), 1.0)"),
+           "p = e * (1.0 / tl.where(total > 0, total, 1.0))", "p = e * (1.0 / tl.where(total > 0, tl.max(e, axis=0), 1.0))"),
+    Mutant("w35.scale_mask_softmax", "masked keys kept: the -inf is applied to the loaded keys, not the kept ones",
+           "x = tl.where(cols < end, x, -float(\"inf\"))", "x = tl.where(loaded, x, -float(\"inf\"))"),
     # cuda_scale_mask_softmax
     Mutant("w35.cuda_scale_mask_softmax", "causal mask off by one: the diagonal is masked",
            "if (causal) end = min(end, i + 1);", "if (causal) end = min(end, i);"),
