@@ -210,9 +210,9 @@ def scale_mask_softmax_kernel(s_ptr, p_ptr, len_ptr, slope_ptr, M, N, H, scale, 
     # on that half only and stores zeros after it (BLOCK_N >= 32).
     half = tl.arange(0, BLOCK_N // 2)
     if end <= BLOCK_N // 2:
-        p = masked_row_softmax(s_row, half, end, N, i, scale, slope, HAS_ALIBI)
-        tl.store(p_row + half, p.to(p_ptr.dtype.element_ty), mask=half < N)
-        tl.store(p_row + BLOCK_N // 2 + half, tl.zeros_like(p).to(p_ptr.dtype.element_ty),
+        p_half = masked_row_softmax(s_row, half, end, N, i, scale, slope, HAS_ALIBI)
+        tl.store(p_row + half, p_half.to(p_ptr.dtype.element_ty), mask=half < N)
+        tl.store(p_row + BLOCK_N // 2 + half, tl.zeros_like(p_half).to(p_ptr.dtype.element_ty),
                  mask=BLOCK_N // 2 + half < N)
     else:
         cols = tl.arange(0, BLOCK_N)
