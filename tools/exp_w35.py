@@ -19,30 +19,8 @@ QK_CONFIGS = [(128, 128, 16, 3, 8), (128, 128, 32, 3, 8), (128, 128, 16, 4, 8), 
 
 
 def part_qk():
-    for n, d in ((4096, 128), (4096, 64), (1024, 128)):
-        q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
-        want = torch.matmul(q, k.transpose(-1, -2))
-        flops = ref.qk_cost(B * H, n, n, d, 2)["flops"]
-        peer = flops / bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out), rep_ms=60) / 1e9
-        print(f"qk N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
-        for bm, bn, tiles, stages, warps in QK_CONFIGS:
-            def run():
-                grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
-                s.qk_scores_kernel[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
-                                         BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, PRECISION="tf32",
-                                         num_warps=warps)
-            name = f"BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps}"
-            try:
-                out.zero_()
-                run()
-                torch.cuda.synchronize()
-                err = (out.float() - want.float()).abs().max().item()
-                tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
-                print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
-            except Exception as exc:  # noqa: BLE001 - a config that does not fit is reported
-                print(f"  {name}: {type(exc).__name__} {str(exc)[:80]}")
-        del q, k, out, want
+    _qk_sweep("qk", ((4096, 128), (4096, 64), (1024, 128)),
+              [(s.qk_scores_kernel, cfg, {"PRECISION": "tf32"}) for cfg in QK_CONFIGS], reps=1)
 
 
 def part_pv():
@@ -264,33 +242,40 @@ def qk_variant(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb, skh, 
             tl.store(s_rows + cols[None, :], s, mask=(rows[:, None] < M) & (cols[None, :] < N))
 
 
-def part_qk2():
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    for n, d in ((4096, 128), (4096, 64), (1024, 128), (1024, 64)):
+def _qk_sweep(tag, sizes, variants, reps=2):
+    """Time each (kernel, (BLOCK_M, BLOCK_N, TILES, STAGES, warps), extra constexprs) against torch.matmul,
+    measured again before each repetition (its rate varies from run to run); checked before timing."""
+    for n, d in sizes:
         q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
         want = torch.matmul(q, k.transpose(-1, -2))
         flops = ref.qk_cost(B * H, n, n, d, 2)["flops"]
-        for rep in range(2):  # torch's rate varies from run to run: measure it twice, around ours
+        for _ in range(reps):
             peer = flops / bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out), rep_ms=60) / 1e9
-            print(f"qk2 N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
-            for bm, bn, tiles, stages, warps in ((128, 64, 16, 3, 8), (128, 128, 16, 3, 8), (128, 64, 8, 3, 8)):
-                for store in (0, 1, 2):
-                    def run():
-                        grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
-                        qk_variant[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
-                                         BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, STORE=store, num_warps=warps)
-                    name = f"BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps} store={store}"
-                    try:
-                        out.zero_()
-                        run()
-                        torch.cuda.synchronize()
-                        err = (out.float() - want.float()).abs().max().item()
-                        tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
-                        print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
-                    except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported
-                        print(f"  {name}: {type(exc).__name__} {str(exc)[:120]}")
+            print(f"{tag} N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
+            for kernel, (bm, bn, tiles, stages, warps), extra in variants:
+                def run():
+                    grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
+                    kernel[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
+                                 BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, num_warps=warps, **extra)
+                name = f"{kernel.fn.__name__} {extra} BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps}"
+                try:
+                    out.zero_()
+                    run()
+                    torch.cuda.synchronize()
+                    err = (out.float() - want.float()).abs().max().item()
+                    tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
+                    print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
+                except Exception as exc:  # noqa: BLE001 - a config that does not compile is reported
+                    print(f"  {name}: {type(exc).__name__} {str(exc)[:120]}")
         del q, k, out, want
+
+
+def part_qk2():
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    _qk_sweep("qk2", ((4096, 128), (4096, 64), (1024, 128), (1024, 64)),
+              [(qk_variant, cfg, {"STORE": store}) for cfg in ((128, 64, 16, 3, 8), (128, 128, 16, 3, 8), (128, 64, 8, 3, 8))
+               for store in (0, 1, 2)])
 
 
 @triton.jit
@@ -372,31 +357,8 @@ QK3_CONFIGS = [(128, 64, 16, 3, 8), (128, 64, 16, 2, 8), (128, 64, 16, 2, 4), (1
 
 
 def part_qk3():
-    for n, d in ((4096, 128), (1024, 128)):
-        q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
-        want = torch.matmul(q, k.transpose(-1, -2))
-        flops = ref.qk_cost(B * H, n, n, d, 2)["flops"]
-        for rep in range(2):
-            peer = flops / bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out), rep_ms=60) / 1e9
-            print(f"qk3 N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
-            for bm, bn, tiles, stages, warps in QK3_CONFIGS:
-                for store in (0, 1):
-                    def run():
-                        grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
-                        qk_variant[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
-                                         BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, STORE=store, num_warps=warps)
-                    name = f"BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps} store={store}"
-                    try:
-                        out.zero_()
-                        run()
-                        torch.cuda.synchronize()
-                        err = (out.float() - want.float()).abs().max().item()
-                        tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
-                        print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
-                    except Exception as exc:  # noqa: BLE001
-                        print(f"  {name}: {type(exc).__name__} {str(exc)[:120]}")
-        del q, k, out, want
+    _qk_sweep("qk3", ((4096, 128), (1024, 128)),
+              [(qk_variant, cfg, {"STORE": store}) for cfg in QK3_CONFIGS for store in (0, 1)])
 
 
 @triton.jit
@@ -429,34 +391,46 @@ def qk_lag(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb, skh, skn,
 
 
 def part_qk4():
-    for n, d in ((4096, 128), (1024, 128), (4096, 64)):
-        q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
-        want = torch.matmul(q, k.transpose(-1, -2))
-        flops = ref.qk_cost(B * H, n, n, d, 2)["flops"]
-        for rep in range(2):
-            peer = flops / bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out), rep_ms=60) / 1e9
-            print(f"qk4 N={n} d={d}: torch.matmul {peer:.0f} TFLOP/s")
-            for bm, bn, tiles, stages, warps in ((128, 64, 16, 3, 8), (128, 64, 8, 3, 8), (128, 128, 8, 3, 8),
-                                                 (64, 64, 16, 3, 4), (256, 64, 16, 2, 8), (128, 64, 16, 2, 8),
-                                                 (128, 64, 16, 3, 4), (128, 128, 16, 2, 8)):
-                for kernel, flag in ((qk_variant, 0), (qk_lag, 0), (qk_lag, 1)):
-                    def run():
-                        grid = (triton.cdiv(n, bn * tiles), triton.cdiv(n, bm), B * H)
-                        extra = {"STORE": 0} if kernel is qk_variant else {"STREAM": flag}
-                        kernel[grid](q, k, out, n, n, d, H, 1.0, *q.stride()[:3], *k.stride()[:3], BLOCK_M=bm,
-                                     BLOCK_N=bn, BLOCK_D=d, TILES=tiles, STAGES=stages, num_warps=warps, **extra)
-                    name = f"{kernel.fn.__name__} stream={flag} BM={bm} BN={bn} tiles={tiles} stages={stages} warps={warps}"
-                    try:
-                        out.zero_()
-                        run()
-                        torch.cuda.synchronize()
-                        err = (out.float() - want.float()).abs().max().item()
-                        tf = flops / bench.gpu_ms(run, rep_ms=60) / 1e9
-                        print(f"  {name}: {tf:.0f} TFLOP/s ({tf / peer:.2f}x) err {err:.3g}")
-                    except Exception as exc:  # noqa: BLE001
-                        print(f"  {name}: {type(exc).__name__} {str(exc)[:120]}")
-        del q, k, out, want
+    configs = ((128, 64, 16, 3, 8), (128, 64, 8, 3, 8), (128, 128, 8, 3, 8), (64, 64, 16, 3, 4), (256, 64, 16, 2, 8),
+               (128, 64, 16, 2, 8), (128, 64, 16, 3, 4), (128, 128, 16, 2, 8))
+    _qk_sweep("qk4", ((4096, 128), (1024, 128), (4096, 64)),
+              [(kernel, cfg, extra) for cfg in configs
+               for kernel, extra in ((qk_variant, {"STORE": 0}), (qk_lag, {"STREAM": 0}), (qk_lag, {"STREAM": 1}))])
+
+
+@triton.jit
+def qk_lag2(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb, skh, skn,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TILES: tl.constexpr,
+            STAGES: tl.constexpr):
+    # qk_lag with the raw float32 accumulator carried: tile t+1's dot stays in flight while tile t is
+    # scaled, rounded and stored
+    pid_n, pid_m, bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = bh // H, bh % H
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    s_rows = s_ptr + bh.to(tl.int64) * M * N + rows[:, None] * N
+    q = tl.load(q_ptr + b * sqb + h * sqh + rows[:, None] * sqm + dims[None, :],
+                mask=(rows[:, None] < M) & (dims[None, :] < D), other=0.0)
+    k_base = k_ptr + b * skb + h * skh
+    cols = pid_n * TILES * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_t = tl.load(k_base + cols[None, :] * skn + dims[:, None], mask=(cols[None, :] < N) & (dims[:, None] < D), other=0.0)
+    acc = tl.dot(q, k_t)
+    for t in tl.range(1, TILES, num_stages=STAGES):
+        nxt_cols = cols + BLOCK_N
+        k_t = tl.load(k_base + nxt_cols[None, :] * skn + dims[:, None], mask=(nxt_cols[None, :] < N) & (dims[:, None] < D), other=0.0)
+        nxt = tl.dot(q, k_t)
+        tl.store(s_rows + cols[None, :], (acc * scale).to(s_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+        acc = nxt
+        cols = nxt_cols
+    tl.store(s_rows + cols[None, :], (acc * scale).to(s_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def part_qk5():
+    _qk_sweep("qk5", ((4096, 128), (1024, 128)),
+              [(qk_variant, cfg, {"STORE": 0}) for cfg in ((128, 64, 16, 3, 8), (128, 64, 16, 4, 8), (128, 64, 16, 5, 8),
+                                                           (128, 64, 16, 4, 4))]
+              + [(qk_lag2, cfg, {}) for cfg in ((128, 64, 16, 3, 8), (128, 64, 16, 4, 8), (128, 64, 16, 3, 4),
+                                               (128, 128, 16, 3, 8), (64, 64, 16, 3, 4), (128, 64, 8, 3, 8))])
 
 
 if __name__ == "__main__":
