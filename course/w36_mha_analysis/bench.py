@@ -1,0 +1,145 @@
+"""Week 36 benchmark, one run, bf16, d = 128 unless said:
+- stage: each stage of standard attention timed alone (B = 4, H = 16, N = 1024 … 8192): QKᵀ and PV by
+  cuBLAS (torch.matmul), the scale + mask + softmax by the course's fused kernel and by torch eager; with
+  the cost model's FLOPs and bytes, so each stage lands on the roofline;
+- pipeline: standard attention as cuBLAS GEMMs around the course's fused softmax (the seed's option C:
+  `cublas_softmax_attention`), against torch's eager matmul-softmax-matmul (the peer), week 35's three
+  Triton kernels and SDPA's default (FlashAttention-2), no mask and causal, with the peak memory;
+- memory: the allocator's peak of standard attention (inputs included) against N (B = 1, H = 16) for
+  the eager chain and for option C, next to the cost model's `standard_peak_bytes`.
+FLOPs, bytes and memory come from course/attention_cost.py. `speedup` is the peer's time over the row's."""
+import math
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from .. import attention_cost as cost
+from .. import bench
+
+B, H, D = 4, 16, 128
+STAGE_SIZES = (1024, 2048, 4096, 8192)
+PIPELINE_SIZES = [(n, D) for n in (1024, 2048, 4096, 8192)] + [(4096, 64)]
+MEMORY_SIZES = (1024, 2048, 4096, 8192, 16384)
+MEMORY_HEADS = 16
+# bytes per (query, key) pair alive at the peak: eager holds two 16-bit squares (S and P), option C one
+SQUARE_BYTES = {"torch eager": 4, "cuBLAS + fused softmax": 2}
+
+
+def eager_attention(q, k, v, causal=False):
+    """PyTorch's eager matmul-softmax-matmul: each step its own kernel, S and P in the inputs' dtype."""
+    import torch
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]))
+    if causal:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def cublas_softmax_attention(q, k, v, softmax, causal=False):
+    """Option C: S = Q Kᵀ by cuBLAS, `softmax(scores, out=, scale=, causal=)` writing P over S (one launch for
+    all heads), O = P V by cuBLAS. One 16-bit (M, N) buffer per head at the peak."""
+    import torch
+    scores = torch.matmul(q, k.transpose(-1, -2))
+    probs = softmax(scores, out=scores, scale=1 / math.sqrt(q.shape[-1]), causal=causal)
+    return torch.matmul(probs, v)
+
+
+def peak_mb(fn) -> float:
+    """The allocator's peak while fn() runs, above what was allocated before, in MB."""
+    import torch
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 1e6
+
+
+def stage_rows(s35):
+    import torch
+    rows = []
+    for n in STAGE_SIZES:
+        q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        scores = torch.matmul(q, k.transpose(-1, -2))
+        probs, out = torch.empty_like(scores), torch.empty_like(q)
+        scale = 1 / math.sqrt(D)
+        keep = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()
+        for mask in ("none", "causal"):
+            causal = mask == "causal"
+            eager = (lambda: torch.softmax((scores * scale).masked_fill(~keep, float("-inf")), dim=-1)) if causal \
+                else (lambda: torch.softmax(scores * scale, dim=-1))
+            fns = {("qk", "cuBLAS"): (lambda: torch.matmul(q, k.transpose(-1, -2), out=scores),
+                                      cost.qk_cost(B * H, n, n, D, 2)),
+                   ("softmax", "fused softmax"): (lambda: s35.scale_mask_softmax(scores, probs, scale, causal=causal),
+                                                  cost.softmax_cost(B * H, n, n, 2, causal)),
+                   ("softmax", "torch eager"): (eager, cost.softmax_cost(B * H, n, n, 2, causal)),
+                   ("pv", "cuBLAS"): (lambda: torch.matmul(probs, v, out=out), cost.pv_cost(B * H, n, n, D, 2))}
+            for (stage, kernel), (fn, model) in fns.items():
+                if causal and stage != "softmax":
+                    continue  # the GEMMs do the same work with or without the mask
+                ms = bench.gpu_ms(fn)
+                peer = "torch eager" if stage == "softmax" else kernel
+                rows.append({"part": "stage", "stage": stage, "kernel": kernel, "peer": peer, "mask": mask, "N": n,
+                             "d": D, "ms": ms, "flops": model["flops"], "bytes": model["bytes"],
+                             "intensity": model["flops"] / model["bytes"], "TFLOP/s": model["flops"] / ms / 1e9,
+                             "GB/s": model["bytes"] / ms / 1e6})
+        del q, k, v, scores, probs, out, keep
+    return rows
+
+
+def pipeline_rows(s35):
+    import torch
+    F = torch.nn.functional
+    rows = []
+    for n, d in PIPELINE_SIZES:
+        q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        for mask in ("none", "causal"):
+            causal = mask == "causal"
+            fns = {"cuBLAS + fused softmax": lambda: cublas_softmax_attention(q, k, v, s35.scale_mask_softmax, causal),
+                   "torch eager": lambda: eager_attention(q, k, v, causal),
+                   "week 35 attention": lambda: s35.attention(q, k, v, causal=causal),
+                   "SDPA default": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+            flops = cost.attention_flops(B * H, n, n, d, causal)
+            for name, fn in fns.items():
+                ms = bench.gpu_ms(fn)
+                rows.append({"part": "pipeline", "stage": "attention", "kernel": name, "peer": "torch eager",
+                             "mask": mask, "N": n, "d": d, "ms": ms, "flops": flops, "TFLOP/s": flops / ms / 1e9,
+                             "peak_MB": peak_mb(fn)})
+        del q, k, v
+    return rows
+
+
+def memory_rows(s35):
+    import torch
+    rows = []
+    for n in MEMORY_SIZES:
+        for name, square in SQUARE_BYTES.items():
+            def run():
+                q, k, v = (torch.randn(1, MEMORY_HEADS, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                if name == "torch eager":
+                    return eager_attention(q, k, v)
+                return cublas_softmax_attention(q, k, v, s35.scale_mask_softmax)
+            model = cost.standard_peak_bytes(MEMORY_HEADS, n, n, D, 2, square)
+            rows.append({"part": "memory", "stage": "attention", "kernel": name, "peer": "torch eager", "mask": "none",
+                         "N": n, "d": D, "peak_MB": peak_mb(run), "model_MB": model / 1e6})
+    return rows
+
+
+def run() -> pd.DataFrame:
+    from solutions import w35_attention_blocks as s35
+    copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
+    rows = []
+    for part in tqdm((stage_rows, pipeline_rows, memory_rows), desc="w36 standard attention"):
+        rows += part(s35)
+    table = pd.DataFrame(rows)
+    table.insert(0, "dtype", "bfloat16")
+    table.insert(1, "B", [1 if p == "memory" else B for p in table.part])
+    table.insert(2, "H", [MEMORY_HEADS if p == "memory" else H for p in table.part])
+    peer_ms = table.set_index(["part", "stage", "kernel", "mask", "N", "d"])["ms"]
+    table["speedup"] = [peer_ms.get((r.part, r.stage, r.peer, r.mask, r.N, r.d), float("nan")) / r.ms
+                        for r in table.itertuples()]
+    table["vs_copy"] = table["GB/s"] / copy
+    table["vs_matmul"] = table["TFLOP/s"] / matmul
+    table["copy_ceiling_GB/s"], table["matmul_ceiling_TFLOP/s"] = copy, matmul
+    return table.round({"ms": 4, "intensity": 2, "TFLOP/s": 1, "GB/s": 1, "peak_MB": 1, "model_MB": 1, "speedup": 2,
+                        "vs_copy": 3, "vs_matmul": 3, "copy_ceiling_GB/s": 1, "matmul_ceiling_TFLOP/s": 1})
