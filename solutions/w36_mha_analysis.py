@@ -97,7 +97,7 @@ def batched_softmax_kernel(s_ptr, p_ptr, R, M, N, H, scale, ssb, ssh, ssm, p_row
     if CAUSAL:
         end = tl.minimum(end, i + 1)
     keep = (cols[None, :] < end[:, None]) & live[:, None]
-    row_start = b.to(tl.int64) * ssb + h * ssh + i * ssm
+    row_start = b.to(tl.int64) * ssb + h.to(tl.int64) * ssh + i.to(tl.int64) * ssm  # past 2^31 elements
     s = tl.load(s_ptr + row_start[:, None] + cols[None, :], mask=keep, other=0.0).to(tl.float32)
     x = tl.where(keep, s * scale, -float("inf"))
     top = tl.max(x, axis=1)

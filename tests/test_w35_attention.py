@@ -71,3 +71,16 @@ def test_bf16_attention_past_every_block_meets_flashattentions_rule(causal):
     err = (s.attention(q, k, v, causal=causal).float() - want).abs().max().item()
     assert err <= 2 * err_pt + 2.0 ** -8 * want.abs().max().item(), (err, err_pt)
     assert math.isfinite(err)
+
+
+@pytest.mark.skipif(not backend.ON_GPU, reason="6.4 GB of scores: a GPU test")
+def test_softmax_offsets_past_two_to_the_31_elements():
+    """(3, 16, 8192, 8192) bf16 scores: batch entry 2 starts at element 2^31, past a 32-bit offset."""
+    import torch
+    from solutions import w35_attention_blocks as s
+    scores = torch.randn(3, 16, 8192, 8192, device="cuda", dtype=torch.bfloat16)
+    last = scores[2, 15, -3:].float()
+    s.scale_mask_softmax(scores, out=scores, scale=0.5, causal=True)
+    keep = torch.arange(8192, device="cuda")[None, :] <= torch.arange(8189, 8192, device="cuda")[:, None]
+    want = torch.softmax((last * 0.5).masked_fill(~keep, float("-inf")), dim=-1)
+    assert (scores[2, 15, -3:].float() - want).abs().max().item() < 2 ** -8

@@ -148,7 +148,7 @@ def scale_mask_softmax_kernel(s_ptr, p_ptr, len_ptr, slope_ptr, M, N, H, scale, 
     row = tl.program_id(0)
     i = row % M
     b, h = row // M // H, row // M % H
-    s_row = s_ptr + b * ssb + h * ssh + i * ssm
+    s_row = s_ptr + b.to(tl.int64) * ssb + h.to(tl.int64) * ssh + i.to(tl.int64) * ssm  # > 2^31 elements
     p_row = p_ptr + row.to(tl.int64) * p_row_stride
     slope = 0.0
     if HAS_ALIBI:
