@@ -5,13 +5,14 @@
 - pipeline: standard attention as cuBLAS GEMMs around the course's fused softmax (the seed's option C:
   `cublas_softmax_attention`), against torch's eager matmul-softmax-matmul (the peer), week 35's three
   Triton kernels and SDPA's default (FlashAttention-2), no mask and causal, with the peak memory;
-- memory: the allocator's peak of standard attention (inputs included) against N (B = 1, H = 16) for
-  the eager chain and for option C, next to the cost model's `standard_peak_bytes`.
+- memory: the allocator's peak of standard attention against N (B = 1, H = 16) for the eager chain and for
+  option C, next to the cost model's `standard_peak_bytes`.
+`peak_MB`: in the memory rows the inputs are drawn inside the measured call, so it counts Q, K, V as the
+model does; in the pipeline rows they exist before it, so it is the memory the attention adds.
 FLOPs, bytes and memory come from course/attention_cost.py. `speedup` is the peer's time over the row's."""
 import math
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from .. import attention_cost as cost
 from .. import bench
@@ -45,8 +46,10 @@ def cublas_softmax_attention(q, k, v, softmax, causal=False):
 
 
 def peak_mb(fn) -> float:
-    """The allocator's peak while fn() runs, above what was allocated before, in MB."""
+    """The allocator's peak while fn() runs, above what was allocated before, in MB. One call first, so
+    one-time allocations (cuBLAS's workspace, compiled kernels) are not counted."""
     import torch
+    fn()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
@@ -126,6 +129,7 @@ def memory_rows(s35):
 
 
 def run() -> pd.DataFrame:
+    from tqdm.auto import tqdm  # here, not at import: notebooks import this module without ipywidgets
     from solutions import w35_attention_blocks as s35
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
     rows = []
