@@ -5,6 +5,8 @@
 - pipeline: standard attention as cuBLAS GEMMs around the course's fused softmax (the seed's option C:
   `cublas_softmax_attention`), against torch's eager matmul-softmax-matmul (the peer), week 35's three
   Triton kernels and SDPA's default (FlashAttention-2), no mask and causal, with the peak memory;
+- short: the softmax on short rows (N = 64 … 512 keys, M = 4096 queries): `batched_softmax` (several rows per
+  program) against week 35's `scale_mask_softmax` (one row per program) and torch eager, in GB/s;
 - memory: the allocator's peak of standard attention against N (B = 1, H = 16) for the eager chain and for
   option C, next to the cost model's `standard_peak_bytes`.
 `peak_MB`: in the memory rows the inputs are drawn inside the measured call, so it counts Q, K, V as the
@@ -21,6 +23,7 @@ B, H, D = 4, 16, 128
 STAGE_SIZES = (1024, 2048, 4096, 8192)
 PIPELINE_SIZES = [(n, D) for n in (1024, 2048, 4096, 8192)] + [(4096, 64)]
 MEMORY_SIZES = (1024, 2048, 4096, 8192, 16384)
+SHORT_KEYS = (64, 128, 256, 512)
 MEMORY_HEADS = 16
 # bytes per (query, key) pair alive at the peak: eager holds two 16-bit squares (S and P), option C one
 SQUARE_BYTES = {"torch eager": 4, "cuBLAS + fused softmax": 2}
@@ -112,6 +115,26 @@ def pipeline_rows(s35):
     return rows
 
 
+def short_rows(s35):
+    import torch
+    from solutions import w36_mha_analysis as s36
+    rows = []
+    for n in SHORT_KEYS:
+        scores = torch.randn(B, H, 4096, n, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty_like(scores)
+        model = cost.softmax_cost(B * H, 4096, n, 2)
+        fns = {"batched_softmax": lambda: s36.batched_softmax(scores, out, 0.125),
+               "scale_mask_softmax": lambda: s35.scale_mask_softmax(scores, out, 0.125),
+               "torch eager": lambda: torch.softmax(scores * 0.125, dim=-1)}
+        for name, fn in fns.items():
+            ms = bench.gpu_ms(fn)
+            rows.append({"part": "short", "stage": "softmax", "kernel": name, "peer": "torch eager", "mask": "none",
+                         "N": n, "d": D, "ms": ms, "flops": model["flops"], "bytes": model["bytes"],
+                         "GB/s": model["bytes"] / ms / 1e6})
+        del scores, out
+    return rows
+
+
 def memory_rows(s35):
     import torch
     rows = []
@@ -133,7 +156,7 @@ def run() -> pd.DataFrame:
     from solutions import w35_attention_blocks as s35
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
     rows = []
-    for part in tqdm((stage_rows, pipeline_rows, memory_rows), desc="w36 standard attention"):
+    for part in tqdm((stage_rows, pipeline_rows, short_rows, memory_rows), desc="w36 standard attention"):
         rows += part(s35)
     table = pd.DataFrame(rows)
     table.insert(0, "dtype", "bfloat16")
