@@ -166,12 +166,12 @@ def run(parts=PARTS) -> pd.DataFrame:
     table.insert(0, "dtype", "bfloat16")
     table.insert(1, "B", [1 if p == "memory" else B for p in table.part])
     table.insert(2, "H", [MEMORY_HEADS if p == "memory" else H for p in table.part])
-    peer_ms = table.set_index(["part", "stage", "kernel", "mask", "N", "d"])["ms"]
-    table["speedup"] = [peer_ms.get((r.part, r.stage, r.peer, r.mask, r.N, r.d), float("nan")) / r.ms
-                        for r in table.itertuples()]
     for column in ("ms", "TFLOP/s", "GB/s", "peak_MB"):  # a run of some parts may have none of a column
         if column not in table:
             table[column] = float("nan")
+    peer_ms = table.set_index(["part", "stage", "kernel", "mask", "N", "d"])["ms"]
+    table["speedup"] = [peer_ms.get((r.part, r.stage, r.peer, r.mask, r.N, r.d), float("nan")) / r.ms
+                        for r in table.itertuples()]
     table["vs_copy"] = table["GB/s"] / copy
     table["vs_matmul"] = table["TFLOP/s"] / matmul
     table["copy_ceiling_GB/s"], table["matmul_ceiling_TFLOP/s"] = copy, matmul
