@@ -1,7 +1,7 @@
 """Where the weeks and their graded tasks are listed. Owns: selector parsing ("w33", "w33.x", "all")."""
 import importlib
 
-WEEKS = ("w33_softmax", "w34_layernorm", "w35_attention_blocks", "w36_mha_analysis")
+WEEKS = ("w33_softmax", "w34_layernorm", "w35_attention_blocks", "w36_mha_analysis", "w37_flash_attention_core")
 
 
 def week_tasks(week: str) -> dict:
