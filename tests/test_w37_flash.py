@@ -38,3 +38,27 @@ def test_arguments_are_checked():
         s.flash_attention(q, torch.randn(1, 2, 8, 32), torch.randn(1, 2, 8, 32))
     with pytest.raises(ValueError, match="share"):
         s.flash_attention(q, q, q.half())
+
+
+def test_tile_schedule_by_hand():
+    from course.w37_flash_attention_core import schedule
+    # N = 200, blocks 64 × 64: three whole key blocks and a partial one
+    full = schedule.tile_schedule(130, 200, 64, 64)
+    assert full.shape == (3, 4) and (full[:, :3] == schedule.UNMASKED).all() and (full[:, 3] == schedule.MASKED).all()
+    # causal, 128 × 64 blocks, N = 256: program 0 needs keys 0..127 (two masked blocks), program 1 keys
+    # 0..255: blocks 0-1 whole and unmasked, 2-3 on its diagonal
+    causal = schedule.tile_schedule(256, 256, 128, 64, causal=True)
+    assert causal.tolist() == [[2, 2, 0, 0], [1, 1, 2, 2]]
+    # the computed tiles are the keys the cost model counts: 128 + 256 per head
+    from course import attention_cost as cost
+    keys = int((causal != schedule.SKIPPED).sum()) * 64
+    assert keys == 384
+    assert cost.flash_attention_cost(1, 256, 256, 8, 2, 128, causal=True)["bytes"] == (2 * 256 * 8 + 2 * keys * 8) * 2 + 4 * 256
+
+
+def test_the_schedule_plots():
+    import matplotlib
+    matplotlib.use("Agg")
+    from course.w37_flash_attention_core import schedule
+    ax = schedule.plot_schedule(300, 300, 64, 32, causal=True)
+    assert "skipped" in ax.get_title()
