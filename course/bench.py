@@ -1,6 +1,6 @@
 """Benchmarks: GPU timing, the machine's two ceilings, recorded results with provenance.
 
-Owns: how anything is timed (`gpu_ms`, `cpu_ms`), the ceilings (device-to-device copy bandwidth,
+Owns: how anything is timed (`gpu_ms`, `cpu_ms`) and how its memory is measured (`peak_mb`), the ceilings (device-to-device copy bandwidth,
 dense bf16 matmul rate, and their CPU counterparts), the CSV files the course ships in
 course/results/ and `python -m course bench`. What each week measures is in course/wNN/bench.py.
 """
@@ -68,6 +68,19 @@ def cpu_ms(fn, repeat: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return 1e3 * sorted(times)[len(times) // 2]
+
+
+def peak_mb(fn) -> float:
+    """The allocator's peak while fn() runs, above what was allocated before, in MB. One call first, so
+    one-time allocations (cuBLAS's workspace, compiled kernels) are not counted."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 1e6
 
 
 def copy_ceiling_gbps(nbytes: int = 1 << 30) -> float:

@@ -20,17 +20,6 @@ SOFTMAX_SIZES = (1024, 2048, 4096)
 MASKS = ("none", "causal")
 
 
-def _peak_mb(fn) -> float:
-    """Memory the call allocates beyond what was allocated before it, in MB (the allocator's peak)."""
-    import torch
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 1e6
-
-
 def _causal_keep(n, device):
     import torch
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
@@ -111,7 +100,7 @@ def attention_rows(s):
                 ms = bench.gpu_ms(fn)
                 rows.append({"part": "attention", "kernel": name, "peer": "torch matmul-softmax-matmul",
                              "mask": mask, "N": n, "d": d, "ms": ms, "TFLOP/s": flops / ms / 1e9,
-                             "peak_MB": _peak_mb(fn)})
+                             "peak_MB": bench.peak_mb(fn)})
         del q, k, v
     return rows
 

@@ -19,6 +19,7 @@ import pandas as pd
 
 from .. import attention_cost as cost
 from .. import bench
+from ..bench import peak_mb  # noqa: F401 (the notebooks call it from here too)
 
 B, H, D = 4, 16, 128
 STAGE_SIZES = (1024, 2048, 4096, 8192)
@@ -47,19 +48,6 @@ def cublas_softmax_attention(q, k, v, softmax, causal=False):
     scores = torch.matmul(q, k.transpose(-1, -2))
     probs = softmax(scores, out=scores, scale=1 / math.sqrt(q.shape[-1]), causal=causal)
     return torch.matmul(probs, v)
-
-
-def peak_mb(fn) -> float:
-    """The allocator's peak while fn() runs, above what was allocated before, in MB. One call first, so
-    one-time allocations (cuBLAS's workspace, compiled kernels) are not counted."""
-    import torch
-    fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 1e6
 
 
 def stage_rows(s35):

@@ -4,7 +4,7 @@ kernel exercise is swept over week 35's adversarial shapes (N = 1, odd lengths, 
 import numpy as np
 
 from .. import attention_cost as cost
-from ..grading import Case, Task
+from ..grading import Case, Task, exact
 from ..w35_attention_blocks import reference as ref35
 from ..w35_attention_blocks.tasks import ALL_DTYPES, HUGE, SDPA, SHAPES, SOFTMAXES, softmax_hint
 
@@ -105,11 +105,6 @@ def _kw(kw, *names):
     return [kw[k] for k in names]
 
 
-def _exact(reference):
-    """A reference returning numbers, as the grader's float64 arrays (the counts are exact below 2^53)."""
-    return lambda **kw: tuple(np.asarray(x, dtype=np.float64) for x in reference(**kw))
-
-
 def _stage(name):
     return lambda **kw: getattr(cost, name)(*_kw(kw, "bh", "m", "n", "d", "element_size")).values()
 
@@ -121,15 +116,15 @@ def _pipeline(**kw):
 
 COUNTING = dict(dtypes=("float64",), hint=count_hint)
 TASKS = {t.id: t for t in [
-    Task("w36.qk_cost", "numpy", ("qk_cost",), _count_cases(), _exact(_stage("qk_cost")), outputs=("flops", "bytes"),
+    Task("w36.qk_cost", "numpy", ("qk_cost",), _count_cases(), exact(_stage("qk_cost")), outputs=("flops", "bytes"),
          **COUNTING),
-    Task("w36.pv_cost", "numpy", ("pv_cost",), _count_cases(), _exact(_stage("pv_cost")), outputs=("flops", "bytes"),
+    Task("w36.pv_cost", "numpy", ("pv_cost",), _count_cases(), exact(_stage("pv_cost")), outputs=("flops", "bytes"),
          **COUNTING),
     Task("w36.largest_n", "numpy", ("largest_n",), largest_n_cases,
-         _exact(lambda **kw: [cost.largest_n(**kw)]), outputs=("n",), hint=largest_n_hint, dtypes=("float64",)),
-    Task("w36.roofline_bound", "numpy", ("roofline_bound",), roofline_cases, _exact(_roofline),
+         exact(lambda **kw: [cost.largest_n(**kw)]), outputs=("n",), hint=largest_n_hint, dtypes=("float64",)),
+    Task("w36.roofline_bound", "numpy", ("roofline_bound",), roofline_cases, exact(_roofline),
          outputs=("intensity", "ridge", "ms", "compute_bound"), hint=roofline_hint, dtypes=("float64",)),
-    Task("w36.pipeline_bytes", "numpy", ("pipeline_bytes",), _count_cases(with_causal=True), _exact(_pipeline),
+    Task("w36.pipeline_bytes", "numpy", ("pipeline_bytes",), _count_cases(with_causal=True), exact(_pipeline),
          outputs=("qk", "softmax", "pv"), **COUNTING),
     Task("w36.batched_softmax", "triton", ("batched_softmax_kernel",), softmax_cases,
          lambda s, scale=1.0, causal=False: ref35.scale_mask_softmax(s, scale, causal=causal),

@@ -62,7 +62,7 @@ def forward_rows(s37):
 
 def memory_rows(s37):
     import torch
-    from ..w36_mha_analysis.bench import eager_attention, peak_mb
+    from ..w36_mha_analysis.bench import eager_attention
     rows = []
     for n in MEMORY_SIZES:
         for name, attend in (("flash_attention", lambda q, k, v: s37.flash_attention(q, k, v)),
@@ -75,7 +75,7 @@ def memory_rows(s37):
             square = 0 if name == "flash_attention" else 4
             model = cost.standard_peak_bytes(16, n, n, 128, 2, square) + (4 * 16 * n if square == 0 else 0)
             rows.append({"part": "memory", "kernel": name, "peer": "torch eager", "mask": "none", "B": 1, "H": 16, "N": n,
-                         "d": 128, "peak_MB": peak_mb(call), "model_MB": model / 1e6})
+                         "d": 128, "peak_MB": bench.peak_mb(call), "model_MB": model / 1e6})
     return rows
 
 

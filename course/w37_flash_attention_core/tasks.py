@@ -4,7 +4,7 @@ Adversarial cases: a first tile (m = -inf), rows with no key yet, logits of ±1e
 (a running max started at 0 fails there), N = 1, lengths that are no multiple of a block, M != N."""
 import numpy as np
 
-from ..grading import Case, Task
+from ..grading import Case, Task, exact
 from ..w35_attention_blocks import reference as ref35
 from ..w35_attention_blocks.tasks import ALL_DTYPES, MATMULS, SDPA, SOFTMAXES, _flash_rule, _heads, _huge_heads
 from . import reference as ref
@@ -149,18 +149,14 @@ def _folded_exp2_rule(q, k):
     return (1e-6, rtol, f"float32, logits up to {largest:.3g}: exp2 with the scale folded in, 8·L·2⁻²⁴ = {rtol:.2g}")
 
 
-def _exact(reference):
-    return lambda **kw: tuple(np.asarray(x, dtype=np.float64) for x in reference(**kw))
-
-
 TASKS = {t.id: t for t in [
     Task("w37.online_update", "numpy", ("online_update",), online_update_cases, ref.online_update, outputs=("m", "l", "o"),
          banned=SOFTMAXES + SDPA, hint=online_update_hint, dtypes=NUMPY_DTYPES),
     Task("w37.tiled_attention", "numpy", ("tiled_attention",), tiled_cases, _attention_and_lse, outputs=("o", "lse"),
          banned=SOFTMAXES + SDPA, dtypes=NUMPY_DTYPES),
-    Task("w37.hbm_traffic", "numpy", ("hbm_traffic",), count_cases, _exact(ref.hbm_traffic), outputs=("reads", "writes"),
+    Task("w37.hbm_traffic", "numpy", ("hbm_traffic",), count_cases, exact(ref.hbm_traffic), outputs=("reads", "writes"),
          hint=count_hint, dtypes=("float64",)),
-    Task("w37.causal_tile_bounds", "numpy", ("causal_tile_bounds",), bounds_cases, _exact(ref.causal_tile_bounds),
+    Task("w37.causal_tile_bounds", "numpy", ("causal_tile_bounds",), bounds_cases, exact(ref.causal_tile_bounds),
          outputs=("free", "stop"), hint=bounds_hint, dtypes=("float64",)),
     Task("w37.flash_attention", "triton", ("_attend_blocks", "flash_attention_kernel"), flash_cases, _attention_and_lse,
          outputs=("o", "lse"), banned=SOFTMAXES + SDPA + MATMULS, dtypes=ALL_DTYPES),
