@@ -72,6 +72,9 @@ class Task:
     # that are sums with cancellation (gradients). Their error is judged against that size, not |ref|.
     scale: Callable | None = None
     out_shape: Callable | None = None  # (*input shapes) -> shape of `out`; default: the first input's
+    # fn -> None, raising GradingError: a property the cases cannot see (memory that grows as N²), checked
+    # after every case passed, on a GPU only
+    gpu_check: Callable | None = None
 
     def graded_dtypes(self) -> tuple[str, ...]:
         if self.backend == "triton":
@@ -134,6 +137,9 @@ def _run(task: Task, fn, seed: int, hidden: bool) -> Report:
         report.tolerances[case.dtype] = TOLERANCES[case.dtype]
         if case.tolerance:
             report.tolerances[f"{case.dtype}, {case.name}"] = case.tolerance
+    if task.gpu_check and backend.ON_GPU:
+        with _timeout(TIMEOUT_S):
+            task.gpu_check(fn)
     report.cases, report.seconds = len(cases), time.perf_counter() - start
     return report
 

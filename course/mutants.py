@@ -23,6 +23,7 @@ class Mutant:
     bug: str        # what is wrong, in the words a reviewer would use
     old: str
     new: str
+    needs_gpu: bool = False  # the bug shows only on a GPU (memory that grows as N², a race): skipped without one
 
     @property
     def name(self) -> str:
@@ -57,6 +58,9 @@ def load(mutant: Mutant, index: int):
 
 def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
     """("rejected" | "ACCEPTED" | "skipped", detail)."""
+    from .backend import ON_GPU
+    if mutant.needs_gpu and not ON_GPU:
+        return "skipped", "the grader sees this bug only on a GPU"
     fn = load(mutant, index)
     try:
         report = check(mutant.exercise, fn)

@@ -13,7 +13,7 @@ DECLARED = [(week, i, m) for week in registry.WEEKS for i, m in enumerate(mutant
 def test_mutant_is_rejected(week, index, mutant):
     status, detail = mutants.verdict(mutant, index)
     if status == "skipped":
-        pytest.skip(f"{mutant.exercise} runs CUDA C: needs a GPU (it compiles; see tools/gpu_check.sh)")
+        pytest.skip(f"{mutant.exercise}: {detail} (needs a GPU; see tools/gpu_check.sh)")
     assert status == "rejected", detail
 
 

@@ -4,7 +4,7 @@ Adversarial cases: a first tile (m = -inf), rows with no key yet, logits of ±1e
 (a running max started at 0 fails there), N = 1, lengths that are no multiple of a block, M != N."""
 import numpy as np
 
-from ..grading import Case, Task, exact
+from ..grading import Case, GradingError, Task, exact
 from ..w35_attention_blocks import reference as ref35
 from ..w35_attention_blocks.tasks import ALL_DTYPES, MATMULS, SDPA, SOFTMAXES, _flash_rule, _heads, _huge_heads
 from . import reference as ref
@@ -115,6 +115,7 @@ def flash_cases(rng, dtypes):
     for dtype in dtypes:
         for name, b, h, m, n, d in (("odd lengths (2, 3, 37, 37, 64)", 2, 3, 37, 37, 64), ("M = 45, N = 70, d = 16", 1, 2, 45, 70, 16),
                                     ("M = 70, N = 45, d = 32", 1, 2, 70, 45, 32), ("d = 100, N = 33", 1, 1, 33, 33, 100),
+                                    ("M = 130, N = 200: several key blocks", 1, 2, 130, 200, 64),
                                     ("N = 1", 1, 1, 1, 1, 16)):
             for causal in (False, True):
                 q, k = _heads(rng, b, h, m, n, d)
@@ -126,7 +127,7 @@ def flash_cases(rng, dtypes):
                                           ("all logits about -1e3", _negative_heads(rng, 1, 1, 40, 40), {}, False),
                                           ("non-contiguous q, k, v, causal", _heads(rng, 2, 3, 37, 37, 64), {"causal": True}, True)):
             v = rng.normal(0, 1, k.shape)
-            tolerance = _sixteen_bit_rule(q, k, v, dtype, kw) if dtype != "float32" else _folded_exp2_rule(q, k)
+            tolerance = _sixteen_bit_rule(q, k, v, dtype, kw) if dtype != "float32" else _folded_exp2_rule(q, k, v)
             cases.append(Case(name, (q, k, v), dtype, tolerance, kwargs=kw, strided=strided))
     return cases
 
@@ -140,13 +141,33 @@ def _sixteen_bit_rule(q, k, v, dtype, kw):
     return rule[0], 2.0 ** -20, rule[2] + "; + 2⁻²⁰·|expected| for the float32 log-sum-exp"
 
 
-def _folded_exp2_rule(q, k):
+def _folded_exp2_rule(q, k, v):
     """float32 with large logits: exp2 of scale·log2(e)·(q·k) rounds the base-2 logit t once more than exp of the
-    natural logit, an error of about |t|·2⁻²⁴ in the exponent, so each probability and the output carry a
-    relative error up to about 8·L·2⁻²⁴ for logits of size L."""
+    natural logit, an error of about |t|·2⁻²⁴ in the exponent, so each probability carries a relative error up to
+    about 8·L·2⁻²⁴ for logits of size L. An output is a sum of p·v: its error is that share of max|v| (not of the
+    output, which cancellation can make small); the log-sum-exp's is that share of itself."""
     largest = float(np.abs(ref35.attention_scores(q, k)).max())
     rtol = max(2e-5, 8 * largest * 2.0 ** -24)
-    return (1e-6, rtol, f"float32, logits up to {largest:.3g}: exp2 with the scale folded in, 8·L·2⁻²⁴ = {rtol:.2g}")
+    atol = max(1e-6, rtol * float(np.abs(v).max()))
+    return (atol, rtol, f"float32, logits up to {largest:.3g}: exp2 with the scale folded in, 8·L·2⁻²⁴ = {rtol:.2g} "
+            f"of |expected| and of max|v| ({atol:.2g})")
+
+
+def linear_memory(fn):
+    """On a GPU: reject a "flash" forward whose peak extra memory grows as N² (a (B, H, M, N) buffer somewhere).
+    From N = 1024 to 4096 the outputs grow 4×; an N² buffer 16×."""
+    import torch
+    from ..bench import peak_mb
+    extra = {}
+    for n in (1024, 4096):
+        q, k, v = (torch.randn(1, 8, n, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+        extra[n] = peak_mb(lambda: fn(q, k, v))
+    growth = extra[4096] / max(extra[1024], 1e-6)
+    if growth > 8:
+        raise GradingError(f"the output is right, but the memory is not FlashAttention's: from N = 1024 to 4096 "
+                           f"(B = 1, H = 8, d = 64, float16) the peak extra memory grew {growth:.1f}× "
+                           f"({extra[1024]:.1f} MB → {extra[4096]:.1f} MB); O and the LSE grow 4×, an N × N buffer "
+                           f"16×. Is a (B, H, M, N) tensor allocated somewhere?")
 
 
 TASKS = {t.id: t for t in [
@@ -159,5 +180,7 @@ TASKS = {t.id: t for t in [
     Task("w37.causal_tile_bounds", "numpy", ("causal_tile_bounds",), bounds_cases, exact(ref.causal_tile_bounds),
          outputs=("free", "stop"), hint=bounds_hint, dtypes=("float64",)),
     Task("w37.flash_attention", "triton", ("_attend_blocks", "flash_attention_kernel"), flash_cases, _attention_and_lse,
-         outputs=("o", "lse"), banned=SOFTMAXES + SDPA + MATMULS, dtypes=ALL_DTYPES),
+         outputs=("o", "lse"), banned=SOFTMAXES + SDPA + MATMULS, dtypes=ALL_DTYPES, gpu_check=linear_memory),
+    Task("w37.cuda_flash_attention", "cuda", ("CUDA_FLASH_ATTENTION_SRC",), flash_cases, _attention_and_lse,
+         outputs=("o", "lse"), banned=SOFTMAXES + SDPA + MATMULS, dtypes=ALL_DTYPES, gpu_check=linear_memory),
 ]}

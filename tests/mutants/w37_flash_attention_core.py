@@ -46,4 +46,31 @@ MUTANTS = [
            "keep = keep & (cols[None, :] < rows[:, None])"),
     Mutant("w37.flash_attention", "tail tile unmasked: keys past N enter the softmax as zeros", "keep = cols[None, :] < N",
            "keep = cols[None, :] >= 0"),
+    Mutant("w37.flash_attention", "an N × N float32 scratch buffer kept from week 35: right numbers, quadratic memory",
+           "    flash_attention_kernel[(triton.cdiv(m, block_m), bsz * heads)](",
+           "    scores = torch.empty((bsz, heads, m, n), dtype=torch.float32, device=q.device)  # noqa: F841\n"
+           "    flash_attention_kernel[(triton.cdiv(m, block_m), bsz * heads)](", needs_gpu=True),
+    # cuda_flash_attention (CUDA C: run on a GPU; on a CPU they compile and are skipped)
+    Mutant("w37.cuda_flash_attention", "accumulator not rescaled",
+           "for (int c = 0; c < 2; ++c) for (int e = 0; e < 4; ++e) acc[i][c][e] *= alpha;", ""),
+    Mutant("w37.cuda_flash_attention", "l not rescaled", "l_i[i] = l_i[i] * alpha + sum;", "l_i[i] = l_i[i] + sum;"),
+    Mutant("w37.cuda_flash_attention", "running max initialised to 0", "m_i[i] = -INFINITY; l_i[i] = 0.f;",
+           "m_i[i] = 0.f; l_i[i] = 0.f;"),
+    Mutant("w37.cuda_flash_attention", "scale missing", "s[i][j] = keep ? s[i][j] * qk_scale : -INFINITY;",
+           "s[i][j] = keep ? s[i][j] : -INFINITY;"),
+    Mutant("w37.cuda_flash_attention", "causal mask off by one: the diagonal is masked", "(!causal || col <= row)",
+           "(!causal || col < row)"),
+    Mutant("w37.cuda_flash_attention", "tail tile unmasked: keys past N enter the softmax as zeros",
+           "const bool keep = col < N && (!causal || col <= row);", "const bool keep = !causal || col <= row;"),
+    Mutant("w37.cuda_flash_attention", "NaN on a fully masked row: exp2(-inf - (-inf))",
+           "const float base = m_new == -INFINITY ? 0.f : m_new;", "const float base = m_new;"),
+    Mutant("w37.cuda_flash_attention", "the row max taken over this thread's four keys only, not the row's 16 threads",
+           "                top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, lane));",
+           "                top = fmaxf(top, top);"),
+    Mutant("w37.cuda_flash_attention", "an N × N float32 scratch buffer kept from week 35: right numbers, quadratic memory",
+           "    o = torch.empty((bsz, heads, m, d), dtype=q.dtype, device=q.device)\n    lse = torch.empty((bsz, heads, m), "
+           "dtype=torch.float32, device=q.device)\n    row_floats",
+           "    o = torch.empty((bsz, heads, m, d), dtype=q.dtype, device=q.device)\n    lse = torch.empty((bsz, heads, m), "
+           "dtype=torch.float32, device=q.device)\n    scores = torch.empty((bsz, heads, m, n), dtype=torch.float32, "
+           "device=q.device)  # noqa: F841\n    row_floats", needs_gpu=True),
 ]
