@@ -145,8 +145,7 @@ class CudaKernel:
                 raise ValueError(f"{self.name}: every tensor must be on the GPU, got one on {t.device}")
         func = _cupy_function(self.source, self.name, CUDA_TYPES[dtype])
         if shared_bytes > 48 * 1024:  # past 48 KB a kernel must ask for its dynamic shared memory
-            from cupy.cuda import driver
-            driver.funcSetAttribute(func.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
+            func.max_dynamic_shared_size_bytes = shared_bytes
         packed = [np.uint64(a.data_ptr()) if isinstance(a, torch.Tensor)
                   else np.float32(a) if isinstance(a, float) else np.int32(a) for a in args]
         import warnings

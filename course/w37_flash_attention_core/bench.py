@@ -2,9 +2,11 @@
 - forward: TFLOP/s of the course's Triton FlashAttention forward against SDPA with each backend (FlashAttention-2,
   cuDNN, memory-efficient, math) and FlexAttention (causal), d ∈ {64, 128}, N = 512 … 16384, no mask and causal;
   FLOPs 4·B·H·N²·d, halved for causal (course/attention_cost.py). `speedup` is over SDPA's FlashAttention-2;
-- memory: the allocator's peak of the forward against N (B = 1, H = 16, d = 128) for the course's kernel and
-  PyTorch's eager attention, next to the cost model: linear against quadratic.
-The CuPy fp32 kernel joins when it exists (week 37 is in progress)."""
+  The CuPy kernel (`cuda_flash_attention`, float32 arithmetic on bf16 storage) runs the same shapes;
+- fp32: float32 at N = 4096, d ∈ {64, 128}: the CuPy kernel against week 35's composed float32 attention (three
+  kernels and an N × N float32 buffer; `speedup` is over it), with each one's peak memory;
+- memory: the allocator's peak of the forward against N (B = 1, H = 16, d = 128) for the course's two kernels and
+  PyTorch's eager attention, next to the cost model: linear against quadratic."""
 import math
 
 import pandas as pd
@@ -42,6 +44,7 @@ def forward_rows(s37):
     import torch
     from torch.nn.attention import SDPBackend
     kernels = {"flash_attention": lambda q, k, v, causal: s37.flash_attention(q, k, v, causal=causal),
+               "cuda_flash_attention": lambda q, k, v, causal: s37.cuda_flash_attention(q, k, v, causal=causal),
                PEER: _sdpa(SDPBackend.FLASH_ATTENTION), "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION),
                "SDPA efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION), "SDPA math": _sdpa(SDPBackend.MATH)}
     rows = []
@@ -60,26 +63,50 @@ def forward_rows(s37):
     return rows
 
 
+COMPOSED = "w35 attention (composed, float32)"
+
+
+def fp32_rows(s37):
+    import torch
+    from solutions import w35_attention_blocks as s35
+    rows = []
+    n = 4096
+    for d in HEAD_DIMS:
+        b, h = TOKENS // n, WIDTH // d
+        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float32) for _ in range(3))
+        for causal in (False, True):
+            for name, fn in (("cuda_flash_attention", lambda: s37.cuda_flash_attention(q, k, v, causal=causal)),
+                             (COMPOSED, lambda: s35.attention(q, k, v, causal=causal))):
+                ms = bench.gpu_ms(fn)
+                rows.append({"part": "fp32", "dtype": "float32", "kernel": name, "peer": COMPOSED,
+                             "mask": "causal" if causal else "none", "B": b, "H": h, "N": n, "d": d, "ms": ms,
+                             "TFLOP/s": cost.attention_flops(b * h, n, n, d, causal) / ms / 1e9, "peak_MB": bench.peak_mb(fn)})
+        del q, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
 def memory_rows(s37):
     import torch
     from ..w36_mha_analysis.bench import eager_attention
     rows = []
     for n in MEMORY_SIZES:
         for name, attend in (("flash_attention", lambda q, k, v: s37.flash_attention(q, k, v)),
-                          ("torch eager", eager_attention)):
+                             ("cuda_flash_attention", lambda q, k, v: s37.cuda_flash_attention(q, k, v)),
+                             ("torch eager", eager_attention)):
             if name == "torch eager" and n > 16384:
                 continue  # 16 heads × 32768² × 4 bytes: 69 GB, more than an 80 GB GPU spares
             def call():
                 q, k, v = (torch.randn(1, 16, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
                 return attend(q, k, v)
-            square = 0 if name == "flash_attention" else 4
+            square = 4 if name == "torch eager" else 0
             model = cost.standard_peak_bytes(16, n, n, 128, 2, square) + (4 * 16 * n if square == 0 else 0)
             rows.append({"part": "memory", "kernel": name, "peer": "torch eager", "mask": "none", "B": 1, "H": 16, "N": n,
                          "d": 128, "peak_MB": bench.peak_mb(call), "model_MB": model / 1e6})
     return rows
 
 
-PARTS = ("forward", "memory")
+PARTS = ("forward", "fp32", "memory")
 
 
 def run(parts=PARTS) -> pd.DataFrame:
@@ -90,7 +117,7 @@ def run(parts=PARTS) -> pd.DataFrame:
     for part in tqdm(parts, desc="w37 FlashAttention"):
         rows += globals()[f"{part}_rows"](s37)
     table = pd.DataFrame(rows)
-    table.insert(0, "dtype", "bfloat16")
+    table.insert(0, "dtype", table.pop("dtype").fillna("bfloat16") if "dtype" in table else "bfloat16")
     for column in ("ms", "TFLOP/s", "peak_MB", "model_MB"):
         if column not in table:
             table[column] = float("nan")

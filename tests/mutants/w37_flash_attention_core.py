@@ -62,8 +62,14 @@ MUTANTS = [
            "(!causal || col < row)"),
     Mutant("w37.cuda_flash_attention", "tail tile unmasked: keys past N enter the softmax as zeros",
            "const bool keep = col < N && (!causal || col <= row);", "const bool keep = !causal || col <= row;"),
-    Mutant("w37.cuda_flash_attention", "NaN on a fully masked row: exp2(-inf - (-inf))",
-           "const float base = m_new == -INFINITY ? 0.f : m_new;", "const float base = m_new;"),
+    # (No NaN mutant here: with top-left causal masks every valid row sees key 0 in its first tile, so the kernel's
+    # guard against exp2(-inf - (-inf)) never fires; the NumPy online_update grader rejects that bug.)
+    Mutant("w37.cuda_flash_attention", "the running max overwritten before the rescale factor is computed (seeds 001 "
+           "and 002 order it so): alpha is 1, nothing is rescaled",
+           "            const float alpha = exp2f(m_i[i] - base);",
+           "            m_i[i] = m_new;\n            const float alpha = exp2f(m_i[i] - base);"),
+    Mutant("w37.cuda_flash_attention", "LSE left in base 2 (the exp2 units), not turned back into a natural log",
+           "(m_i[i] + log2f(l)) * LN2", "(m_i[i] + log2f(l))"),
     Mutant("w37.cuda_flash_attention", "the row max taken over this thread's four keys only, not the row's 16 threads",
            "                top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, lane));",
            "                top = fmaxf(top, top);"),
