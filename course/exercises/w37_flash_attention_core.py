@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(THREADS) cuda_flash_attention(
         int causal, int sqb, int sqh, int sqm, int skb, int skh, int skn, int svb, int svh, int svn) {
     extern __shared__ float4 shared4[];
     // Row stride dp: a multiple of 32 floats plus 4, so 16 threads reading float4s of 16 different rows
-    // hit 16 different bank groups.
+    // spread over the 8 groups of 4 banks, 2 each: 2 passes for 256 bytes, the fewest there can be.
     const int dp = (D + 31) / 32 * 32 + 4;
     float* Qs = reinterpret_cast<float*>(shared4);  // BR × dp
     float* KVs = Qs + BR * dp;                       // BC × dp: the K tile, then the V tile

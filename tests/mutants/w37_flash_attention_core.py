@@ -68,6 +68,10 @@ MUTANTS = [
            "and 002 order it so): alpha is 1, nothing is rescaled",
            "            const float alpha = exp2f(m_i[i] - base);",
            "            m_i[i] = m_new;\n            const float alpha = exp2f(m_i[i] - base);"),
+    Mutant("w37.cuda_flash_attention", "causal mask with the row's index in the tile, not in the sequence (seed 003's "
+           "pitfall: i instead of q_start + i)",
+           "const int row = first + ty * 4 + i;\n            float top = -INFINITY;",
+           "const int row = ty * 4 + i;\n            float top = -INFINITY;"),
     Mutant("w37.cuda_flash_attention", "LSE left in base 2 (the exp2 units), not turned back into a natural log",
            "(m_i[i] + log2f(l)) * LN2", "(m_i[i] + log2f(l))"),
     Mutant("w37.cuda_flash_attention", "the row max taken over this thread's four keys only, not the row's 16 threads",
