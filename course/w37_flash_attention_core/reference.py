@@ -1,7 +1,7 @@
 """Float64 NumPy references for week 37: the online tile update, FlashAttention's tiled forward with its
 HBM traffic counted, the causal tile bounds. Masks follow week 35 (causal aligned top-left: query i sees
-keys j <= i). Traffic is counted in elements moved between HBM and on-chip memory; `hbm_bytes` turns it
-into bytes the way course/attention_cost.py counts FlashAttention.
+keys j <= i). Traffic is counted in elements moved between HBM and on-chip memory; in bytes it is
+course/attention_cost.py's flash_attention_cost.
 """
 import math
 
