@@ -4,6 +4,7 @@ IPython magics (lines starting with % or !) are skipped, `display` prints, and w
 stand-in `IPython.display` (Code, Markdown, HTML, display) prints the text. Stops at the first failing cell
 and exits 1 with its index; prints each cell's index and wall time."""
 import json
+import linecache
 import os
 import sys
 import time
@@ -34,8 +35,12 @@ def main(path: str) -> int:
     for index, cell in enumerate(cells):
         source = "".join(line for line in cell["source"] if not line.lstrip().startswith(("%", "!")))
         start = time.time()
+        name = f"<{path} code cell {index}>"
+        # as IPython does: the cell's text in linecache, so inspect.getsource (Triton's @jit) finds a kernel
+        # defined in a cell
+        linecache.cache[name] = (len(source), None, source.splitlines(True), name)
         try:
-            exec(compile(source, f"{path}[code cell {index}]", "exec"), scope)
+            exec(compile(source, name, "exec"), scope)
         except Exception as exc:
             print(f"--- code cell {index} FAILED: {type(exc).__name__}: {exc}")
             raise

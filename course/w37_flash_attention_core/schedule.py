@@ -34,6 +34,8 @@ def plot_schedule(m: int, n: int, block_m: int, block_n: int, causal: bool = Fal
     ax.set_yticks(np.arange(table.shape[0] + 1) - 0.5, minor=True)
     ax.grid(which="minor", color="white", linewidth=1)
     ax.tick_params(which="minor", length=0)
+    ax.set_xticks(np.arange(table.shape[1]))  # whole block numbers only
+    ax.set_yticks(np.arange(table.shape[0]))
     ax.set_xlabel(f"key block (BLOCK_N = {block_n})")
     ax.set_ylabel(f"program = query block (BLOCK_M = {block_m})")
     counts = {name: int((table == code).sum()) for name, code in (("unmasked", UNMASKED), ("masked", MASKED),
