@@ -26,6 +26,7 @@ def plot_schedule(m: int, n: int, block_m: int, block_n: int, causal: bool = Fal
     """The schedule as a grid of tiles: one row per program (query block), one column per key block."""
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
+    from matplotlib.ticker import MaxNLocator
     table = tile_schedule(m, n, block_m, block_n, causal)
     if ax is None:
         _, ax = plt.subplots(figsize=(min(8, 1 + 0.35 * table.shape[1]), min(6, 1 + 0.35 * table.shape[0])))
@@ -34,8 +35,8 @@ def plot_schedule(m: int, n: int, block_m: int, block_n: int, causal: bool = Fal
     ax.set_yticks(np.arange(table.shape[0] + 1) - 0.5, minor=True)
     ax.grid(which="minor", color="white", linewidth=1)
     ax.tick_params(which="minor", length=0)
-    ax.set_xticks(np.arange(table.shape[1]))  # whole block numbers only
-    ax.set_yticks(np.arange(table.shape[0]))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole block numbers only
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"key block (BLOCK_N = {block_n})")
     ax.set_ylabel(f"program = query block (BLOCK_M = {block_m})")
     counts = {name: int((table == code).sum()) for name, code in (("unmasked", UNMASKED), ("masked", MASKED),
