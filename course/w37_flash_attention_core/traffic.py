@@ -41,6 +41,15 @@ def _axes(ax):
     return plt.subplots(figsize=(6.4, 4.2))[1] if ax is None else ax
 
 
+def _finish(ax, xlabel: str, shape: str, element_size: int, bh: int):
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("HBM traffic (MB)")
+    ax.set_title(f"{shape}, {element_size}-byte elements, {bh} head{'s' * (bh > 1)}", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(True, which="both", alpha=0.2)
+    return ax
+
+
 def plot_traffic_vs_n(ns, d: int, srams: dict, element_size: int = 4, bh: int = 1, ax=None):
     """Traffic (MB) against N on log-log axes: standard attention, and for each {label: bytes} in srams the
     FlashAttention forward (solid) and the paper's bound N²d²/M (dotted, same colour)."""
@@ -54,12 +63,7 @@ def plot_traffic_vs_n(ns, d: int, srams: dict, element_size: int = 4, bh: int = 
                   label=f"flash, {label} ({sram // KB} KB: {block_m} × {block_n} blocks)")
         ax.loglog(ns, _bound_mb(points, ns, d, [sram] * len(ns), element_size), ":", color=f"C{i}")
     ax.plot([], [], "k:", label="the paper's $N^2d^2/M$ (dotted, for $M \\leq Nd$)")
-    ax.set_xlabel("N (queries = keys)")
-    ax.set_ylabel("HBM traffic (MB)")
-    ax.set_title(f"self-attention, d = {d}, {element_size}-byte elements, {bh} head{'s' * (bh > 1)}", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(True, which="both", alpha=0.2)
-    return ax
+    return _finish(ax, "N (queries = keys)", f"self-attention, d = {d}", element_size, bh)
 
 
 def plot_traffic_vs_sram(n: int, d: int, srams, element_size: int = 4, bh: int = 1, marks=None, ax=None):
@@ -73,9 +77,4 @@ def plot_traffic_vs_sram(n: int, d: int, srams, element_size: int = 4, bh: int =
               label="the paper's $N^2d^2/M$ (for $M \\leq Nd$)")
     for i, (label, sram) in enumerate((marks or {}).items()):
         ax.axvline(sram / KB, color=f"C{i + 1}", lw=1, ls="--", label=f"{label}: {sram // KB} KB")
-    ax.set_xlabel("on-chip memory M (KB)")
-    ax.set_ylabel("HBM traffic (MB)")
-    ax.set_title(f"N = {n}, d = {d}, {element_size}-byte elements, {bh} head{'s' * (bh > 1)}", fontsize=9)
-    ax.legend(fontsize=7)
-    ax.grid(True, which="both", alpha=0.2)
-    return ax
+    return _finish(ax, "on-chip memory M (KB)", f"N = {n}, d = {d}", element_size, bh)
