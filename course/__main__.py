@@ -81,7 +81,7 @@ def cmd_mutants(args) -> int:
         for i, mutant in enumerate(mutants.declared(week)):
             if mutant.exercise in selected:
                 status, detail = mutants.verdict(mutant, i)
-                bad += status == "ACCEPTED"
+                bad += status in ("ACCEPTED", "rejected without its hint")
                 rows.append((mutant.exercise, mutant.bug, status if status != "skipped" else "skipped: needs a GPU"))
     print(_table(rows, ("exercise", "solution or mutant", "verdict")))
     print(f"\n{len(rows) - bad} passed, {bad} failed")

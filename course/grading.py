@@ -53,6 +53,7 @@ class Case:
     # NumPy arrays among them reach a Triton/CUDA function as tensors on its device, in their own dtype.
     kwargs: dict = field(default_factory=dict)
     strided: bool = False  # pass inputs of 3+ dims as non-contiguous views (storage with axes -3, -2 swapped)
+    output: str = ""       # set by the grader before a hint is asked for: the name of the output being compared
 
 
 @dataclass
@@ -149,7 +150,7 @@ def _cuda_resources(task: Task, module) -> str:
     try:
         from .cuda import compile_report
         kernel = task.id.split(".")[1]
-        reports = [r for src in sources for r in compile_report(src, kernel)]
+        reports = [r for src in sources for r in compile_report(src, kernel, tuple(task.dtypes))]
     except CudaCompileError as err:
         raise GradingError(f"{task.id}: your CUDA C does not compile.\n{err}") from None
     return "; ".join(str(r) for r in reports)
@@ -158,6 +159,26 @@ def _cuda_resources(task: Task, module) -> str:
 def exact(reference):
     """A reference that returns plain numbers (counts, bounds) as the float64 arrays the grader compares."""
     return lambda **kw: tuple(np.asarray(x, dtype=np.float64) for x in reference(**kw))
+
+
+def closest_bug(got: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | None:
+    """Diagnosis: the hint of the known wrong answer that `got` matches. `candidates` maps a hint to what a known
+    bug makes of this output on the case's inputs (an array, or a list of arrays where the bug has several
+    forms); `got` matches one when it is within rtol of it (relative to that answer's largest entry) at every
+    finite element and non-finite where it is. The closest match wins; on a tie, the first."""
+    best, best_err = None, rtol
+    for hint, outputs in candidates.items():
+        for wrong in outputs if isinstance(outputs, list) else [outputs]:
+            wrong = np.asarray(wrong, dtype=np.float64)
+            if wrong.shape != got.shape:
+                continue
+            both = np.isfinite(wrong) & np.isfinite(got)
+            if not (np.isfinite(wrong) == np.isfinite(got)).all() or not both.any():
+                continue
+            err = np.abs(got[both] - wrong[both]).max() / max(np.abs(wrong[both]).max(), 1e-30)
+            if err < best_err:
+                best, best_err = hint, err
+    return best
 
 
 def _to_backend(task: Task, array: np.ndarray, dtype: str, strided: bool = False):
@@ -269,6 +290,7 @@ def _compare(task, case, name, got, ref, unwritten, where, again, size=None) -> 
         idx = [int(i) for i in np.argwhere(unwritten)[0]]
         hint = (f"{int(unwritten.sum())} elements were never written (first at {idx}): does the grid "
                 f"cover every row, and does the mask reach the last, partial block?")
+    case.output = name
     hint = hint or (task.hint(case, got, ref) if task.hint else None) or _location_hint(bad)
     if hint:
         lines.append(f"  hint: {hint}")

@@ -24,6 +24,7 @@ class Mutant:
     old: str
     new: str
     needs_gpu: bool = False  # the bug shows only on a GPU (memory that grows as N², a race): skipped without one
+    hint: str = ""           # words the rejection's hint must contain: the grader names this bug, not another
 
     @property
     def name(self) -> str:
@@ -57,7 +58,7 @@ def load(mutant: Mutant, index: int):
 
 
 def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
-    """("rejected" | "ACCEPTED" | "skipped", detail)."""
+    """("rejected" | "rejected without its hint" | "ACCEPTED" | "skipped", detail)."""
     from .backend import ON_GPU
     if mutant.needs_gpu and not ON_GPU:
         return "skipped", "the grader sees this bug only on a GPU"
@@ -65,7 +66,10 @@ def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
     try:
         report = check(mutant.exercise, fn)
     except GradingError as err:
-        return "rejected", str(err).splitlines()[0]
+        message = str(err)
+        if mutant.hint and mutant.hint not in message:
+            return "rejected without its hint", f"expected a hint with {mutant.hint!r}; got: {message}"
+        return "rejected", message.splitlines()[0]
     if not report.ran:
         return "skipped", report.note
     return "ACCEPTED", "the grader passed this wrong solution"

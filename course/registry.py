@@ -1,7 +1,8 @@
 """Where the weeks and their graded tasks are listed. Owns: selector parsing ("w33", "w33.x", "all")."""
 import importlib
 
-WEEKS = ("w33_softmax", "w34_layernorm", "w35_attention_blocks", "w36_mha_analysis", "w37_flash_attention_core")
+WEEKS = ("w33_softmax", "w34_layernorm", "w35_attention_blocks", "w36_mha_analysis", "w37_flash_attention_core",
+         "w38_flash_attention_impl")
 
 
 def week_tasks(week: str) -> dict:

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from course.backend import ON_GPU
+from course.cuda import CudaKernel
 from course.heads import as_heads
 
 LOG2E = 1.4426950408889634
@@ -301,9 +302,12 @@ def flash_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, d
 
 @triton.jit
 def _dq_blocks(dq, q, do, lse, delta, k_head, v_head, rows, dims, start, stop, N, D, skn, svn, qk_scale,
-               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr):
+               BLOCK_N: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr, STAGES: tl.constexpr,
+               PRECISION: tl.constexpr):
     # One query block (q, do: BLOCK_M × BLOCK_D, lse in base 2, delta, on chip) against the key blocks
     # [start, stop): P recomputed, dS = P ∘ (dO Vᵀ − D), dQ += dS K (scale applied after the loop).
+    # MASKED: the blocks may hold keys past N (their P must be 0: exp2(0 − lse) of a zero key is not) or
+    # (CAUSAL) keys after a query.
     ### BEGIN SOLUTION
     for begin in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         cols = begin + tl.arange(0, BLOCK_N)
@@ -312,7 +316,10 @@ def _dq_blocks(dq, q, do, lse, delta, k_head, v_head, rows, dims, start, stop, N
         v = tl.load(v_head + cols[:, None] * svn + dims[None, :], mask=inside, other=0.0)
         p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse[:, None])
         if MASKED:
-            p = tl.where(cols[None, :] <= rows[:, None], p, 0.0)
+            keep = cols[None, :] < N
+            if CAUSAL:
+                keep = keep & (cols[None, :] <= rows[:, None])
+            p = tl.where(keep, p, 0.0)
         ds = p * (tl.dot(do, tl.trans(v), input_precision=PRECISION) - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
     ### END SOLUTION
@@ -348,24 +355,26 @@ def flash_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_
     if CAUSAL:
         free = tl.minimum(pid_m * BLOCK_M, n_len) // BLOCK_N * BLOCK_N
         stop = tl.minimum((pid_m + 1) * BLOCK_M, n_len)
-    else:  # keys past N load as zeros and add nothing to dS K: no mask needed
-        free = n_len
+    else:
+        free = n_len // BLOCK_N * BLOCK_N
         stop = n_len
     dq = _dq_blocks(dq, q, do, lse, delta, k_head, v_head, rows, dims, 0, free, n_len, D, skn, svn, qk_scale,
-                    BLOCK_N, False, STAGES, PRECISION)
+                    BLOCK_N, False, CAUSAL, STAGES, PRECISION)
     dq = _dq_blocks(dq, q, do, lse, delta, k_head, v_head, rows, dims, free, stop, n_len, D, skn, svn, qk_scale,
-                    BLOCK_N, True, STAGES, PRECISION)
+                    BLOCK_N, True, CAUSAL, STAGES, PRECISION)
     tl.store(dq_ptr + batch * sgb + h * sgh + (first + rows[:, None]) * sgm + dims[None, :],
              (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=inside)
 
 
 # ---------------------------------------------------------------- launch configurations
-# (BLOCK_M, BLOCK_N, num_warps, num_stages). On a GPU each kernel is autotuned once per head dimension, mask,
-# variant and power-of-two length over its candidates below; the Triton interpreter on CPU uses CPU_TILES.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). On a GPU a kernel is autotuned over its candidates below, once per
+# head dimension, mask, variant and power-of-two length, from TUNE_FROM tokens on (below, the first candidate:
+# small problems take milliseconds and would pay seconds of tuning); the Triton interpreter on CPU uses CPU_TILES.
 CPU_TILES = (32, 32, 4, 1)
-FORWARD_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
-DKDV_CONFIGS = [(32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 4), (64, 64, 4, 3), (16, 128, 4, 4)]
-DQ_CONFIGS = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 8, 4), (64, 32, 4, 4)]
+TUNE_FROM = 1024
+FORWARD_CONFIGS = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4)]
+DKDV_CONFIGS = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 4), (16, 128, 4, 4)]
+DQ_CONFIGS = [(64, 32, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (128, 32, 8, 4), (64, 64, 4, 3)]
 KEYS = ["N_BUCKET", "BLOCK_D", "CAUSAL", "HKV", "VARLEN"]
 
 
@@ -378,14 +387,17 @@ def _autotuned(kernel, configs, keys=()):
 
 TUNED = {"forward": _autotuned(flash_forward_kernel, FORWARD_CONFIGS, ("SEQ_PARALLEL", "DEFER", "EXP2")),
          "dkdv": _autotuned(flash_dkdv_kernel, DKDV_CONFIGS), "dq": _autotuned(flash_dq_kernel, DQ_CONFIGS)}
+FIRST = {"forward": FORWARD_CONFIGS[0], "dkdv": DKDV_CONFIGS[0], "dq": DQ_CONFIGS[0]}
 
 
-def _launch(name: str, kernel, grid_of, args: tuple, tiles, **meta):
+def _launch(name: str, kernel, grid_of, args: tuple, tiles, size: int, **meta):
     """Launch `kernel` with fixed `tiles` (BLOCK_M, BLOCK_N, warps, stages), or on a GPU without them its
-    autotuned twin; `grid_of(BLOCK_M, BLOCK_N)` sizes the grid."""
+    autotuned twin (from TUNE_FROM tokens on); `grid_of(BLOCK_M, BLOCK_N)` sizes the grid."""
     if tiles is None and ON_GPU:
-        TUNED[name][lambda cfg: grid_of(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
-        return
+        if size >= TUNE_FROM:
+            TUNED[name][lambda cfg: grid_of(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
+            return
+        tiles = FIRST[name]
     block_m, block_n, warps, stages = tiles or CPU_TILES
     kernel[grid_of(block_m, block_n)](*args, BLOCK_M=block_m, BLOCK_N=block_n, STAGES=stages, num_warps=warps,
                                       num_stages=stages, **meta)
@@ -433,7 +445,7 @@ def _forward(q, k, v, o, lse, cu, m, n, causal, scale, bsz, varlen, tiles, seq_p
     grid = lambda bm, bn: (triton.cdiv(m, bm) if seq_parallel else 1, bsz * q.shape[1])  # noqa: E731
     args = (q, k, v, o, lse, *common, scale * (LOG2E if exp2 else 1.0), *_strides(q, varlen), *_strides(k, varlen),
             *_strides(v, varlen), *_strides(o, varlen), *_lse_strides(lse, varlen), triton.next_power_of_2(max(m, n)))
-    _launch("forward", flash_forward_kernel, grid, args, tiles, SEQ_PARALLEL=seq_parallel, DEFER=defer_norm,
+    _launch("forward", flash_forward_kernel, grid, args, tiles, max(m, n), SEQ_PARALLEL=seq_parallel, DEFER=defer_norm,
             EXP2=exp2, **meta)
 
 
@@ -477,7 +489,7 @@ def _dkdv(q, k, v, do, lse, delta, dk, dv, cu, m, n, causal, scale, bsz, varlen,
     args = (q, k, v, do, lse, delta, dk, dv, *common, scale * LOG2E, scale, *_strides(q, varlen), *_strides(k, varlen),
             *_strides(v, varlen), *_strides(do, varlen), *_lse_strides(lse, varlen), *_strides(dk, varlen),
             triton.next_power_of_2(max(m, n)))
-    _launch("dkdv", flash_dkdv_kernel, grid, args, tiles, **meta)
+    _launch("dkdv", flash_dkdv_kernel, grid, args, tiles, max(m, n), **meta)
 
 
 def flash_dq(q, k, v, do, lse, delta, causal: bool = False, scale=None, tiles=None):
@@ -496,7 +508,7 @@ def _dq(q, k, v, do, lse, delta, dq, cu, m, n, causal, scale, bsz, varlen, tiles
     args = (q, k, v, do, lse, delta, dq, *common, scale * LOG2E, scale, *_strides(q, varlen), *_strides(k, varlen),
             *_strides(v, varlen), *_strides(do, varlen), *_lse_strides(lse, varlen), *_strides(dq, varlen),
             triton.next_power_of_2(max(m, n)))
-    _launch("dq", flash_dq_kernel, grid, args, tiles, **meta)
+    _launch("dq", flash_dq_kernel, grid, args, tiles, max(m, n), **meta)
 
 
 def flash_backward(q, k, v, o, do, lse, causal: bool = False, scale=None):
@@ -668,4 +680,298 @@ def flash_decode(q, k_cache, v_cache, cache_lengths=None, splits=None, scale=Non
     merge_splits_kernel[(bsz * heads * mq,)](o_part, lse_part, o, lse, splits, bsz * heads * mq, d,
                                              BLOCK_S=max(2, triton.next_power_of_2(splits)),
                                              BLOCK_D=max(16, triton.next_power_of_2(d)))
+    return o, lse
+
+
+# ---------------------------------------------------------------- day 4: the tensor-core forward (CuPy RawKernel)
+# the launch below and the constants in the source must agree
+TC_BR, TC_BC, TC_THREADS, TC_STAGES, TC_PAD, TC_MAX_D = 64, 64, 128, 2, 8, 128
+
+TC_FLASH_ATTENTION_SRC = r"""
+// FlashAttention forward on the tensor cores, FlashAttention-2's schedule: storage T half or bf16, products in
+// T, sums in float32. One block of 128 threads (4 warps) per (query block of BR = 64 rows, head z = b·H + h).
+// Warp w owns query rows w*16 .. w*16+15 of the block: their Q fragments (in registers), their 16 × 64 scores of
+// each key tile, their running max and sum and their 16 × DH output accumulator, all in mma.m16n8k16 fragments.
+// The key and value tiles of BC = 64 keys stream through shared memory in two stages: cp.async fetches tile
+// j+1 while the tensor cores work on tile j. Reads Q once and K, V once per query block (causal: only up to the
+// diagonal); writes O (contiguous (B, H, M, D) in T) and the natural-log LSE of every query row (float32,
+// (B·H, M)). Head dims with D % 16 == 0 and D <= 128 run as DH = 64 or 128 columns, the rest zero-filled.
+//
+// Fragments: lane = 4g + t. An accumulator c[4] (16 × 8, float) holds row g at columns 2t, 2t+1 (c[0], c[1])
+// and row g+8 at the same columns (c[2], c[3]). An A operand a[4] (16 × 16, pairs of T) holds those same
+// places of its left and right 8 columns: a[0] row g, a[1] row g+8, a[2] row g (+8 columns), a[3] row g+8 (+8).
+// A B operand b0, b1 (16 × 8) holds rows 2t, 2t+1 (b0) and 2t+8, 2t+9 (b1) of column g.
+constexpr int BR = 64, BC = 64, THREADS = 128, STAGES = 2, PAD = 8;
+constexpr float LN2 = 0.6931471805599453f;
+
+template <typename T> struct is_bf16 { static constexpr bool value = false; };
+template <> struct is_bf16<bf16_t> { static constexpr bool value = true; };
+
+// The 32-bit shared-state-space address of a generic pointer into shared memory (what ldmatrix, cp.async take).
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// cp.async: 16 bytes from global to shared memory, skipping L1 (.cg); src_bytes = 0 writes 16 zero bytes.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+// Close this thread's copies issued so far into one group; wait until every group of this thread has landed
+// (the other threads see the data only after a __syncthreads() that follows the wait).
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// ldmatrix ×4: lanes 8i .. 8i+7 give the addresses of the 8 rows (16 bytes each) of 8 × 8 matrix i; lane 4g + t
+// receives in r[i] elements (g, 2t), (g, 2t+1) of matrix i, or with .trans (2t, g), (2t+1, g).
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory");
+}
+
+// d += a · b for one warp on the tensor cores: a 16 × 16 and b 16 × 8 in T, d 16 × 8 in float.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (is_bf16<T>::value)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),
+              "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+            "{%0, %1, %2, %3};\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]),
+              "r"(b0), "r"(b1));
+}
+
+// Two floats rounded to T and packed in one register, lo in the low half (the lower column of a fragment pair).
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    unsigned r;
+    if constexpr (is_bf16<T>::value) asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// 2^x on the special-function unit (2^-inf = 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Rows [first, first + ROWS) of an (n, D) matrix at row stride `stride` (rows 16-byte aligned) into shared
+// memory at row stride DH + PAD, by cp.async in 16-byte pieces; rows past n and columns past D become zeros.
+template <typename T, int DH, int ROWS>
+__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int first, int n, int D, int stride) {
+    constexpr int PIECES = DH / 8;  // 16-byte pieces per row
+    #pragma unroll
+    for (int it = 0; it < ROWS * PIECES / THREADS; ++it) {
+        const int i = threadIdx.x + it * THREADS, r = i / PIECES, c = (i % PIECES) * 8;
+        const bool inside = first + r < n && c < D;
+        const T* from = inside ? src + (size_t)(first + r) * stride + c : src;  // a valid address either way
+        cp_async16(smem_u32(dst + r * (DH + PAD) + c), from, inside ? 16 : 0);
+    }
+}
+
+template <typename T, int DH>
+__device__ __forceinline__ void tc_attend(const T* q, const T* k, const T* v, T* o, float* lse, int M, int N,
+                                          int D, int H, float qk_scale, int causal, int sqb, int sqh, int sqm,
+                                          int skb, int skh, int skn, int svb, int svh, int svn, T* smem) {
+    // Shared memory: Q's tile, then K's two stages, then V's two stages, each 64 rows of DH + PAD elements.
+    // The 16 padding bytes move each row 4 banks along, so the 8 row addresses of one ldmatrix matrix fall on
+    // 8 different groups of 4 banks: no conflicts, for loads (ldmatrix) and stores (cp.async) alike.
+    constexpr int DP = DH + PAD, TILE = BC * DP;
+    T* Qs = smem;
+    T* Ks = Qs + BR * DP;
+    T* Vs = Ks + STAGES * TILE;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    const int qb = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // causal: the longest rows start first
+    const int first = qb * BR, z = blockIdx.y, b = z / H, h = z % H;
+    const T* Q = q + (size_t)b * sqb + (size_t)h * sqh;
+    const T* K = k + (size_t)b * skb + (size_t)h * skh;
+    const T* V = v + (size_t)b * svb + (size_t)h * svh;
+    const int stop = causal ? min(first + BR, N) : N;  // causal: no key after the block's last query
+    const int tiles = (stop + BC - 1) / BC;
+
+    load_tile_async<T, DH, BR>(Qs, Q, first, M, D, sqm);
+    load_tile_async<T, DH, BC>(Ks, K, 0, N, D, skn);
+    load_tile_async<T, DH, BC>(Vs, V, 0, N, D, svn);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    // The warp's 16 query rows as A operands: qf[kk] holds head-dim columns 16kk .. 16kk+15. Lane 8i + r gives
+    // row r of matrix i: matrices (rows 0-7, cols 0-7), (rows 8-15, cols 0-7), (rows 0-7, 8-15), (rows 8-15, 8-15).
+    unsigned qf[DH / 16][4];
+    {
+        const T* row = Qs + (warp * 16 + lane % 8 + 8 * (lane / 8 % 2)) * DP + 8 * (lane / 16);
+        #pragma unroll
+        for (int kk = 0; kk < DH / 16; ++kk) ldsm_x4(qf[kk], smem_u32(row + 16 * kk));
+    }
+    // Per row g, g+8 of the warp: running max of the base-2 logits, this lane's share of the running sum.
+    float m_i[2] = {-INFINITY, -INFINITY}, l_i[2] = {0.f, 0.f};
+    float acc[DH / 8][4];  // O: acc[n] is the 16 × 8 accumulator of head-dim columns 8n .. 8n+7
+    #pragma unroll
+    for (int n = 0; n < DH / 8; ++n)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.f;
+
+    for (int j = 0; j < tiles; ++j) {
+        const int stage = j % STAGES, start = j * BC;
+        cp_async_wait_all();  // this thread's pieces of tile j have landed ...
+        __syncthreads();      // ... everyone's; and every warp is done with tile j - 1, whose stage is now free
+        if (j + 1 < tiles) {  // fetch tile j + 1 while this one is computed
+            load_tile_async<T, DH, BC>(Ks + (stage ^ 1) * TILE, K, start + BC, N, D, skn);
+            load_tile_async<T, DH, BC>(Vs + (stage ^ 1) * TILE, V, start + BC, N, D, svn);
+        }
+        cp_async_commit();
+        const T* Kt = Ks + stage * TILE;  // keys start .. start + 63, one per row
+        const T* Vt = Vs + stage * TILE;
+        // the tail past N and (causal) the diagonal tile need a mask; the tiles below the diagonal do not
+        const bool masked = start + BC > N || (causal && start + BC - 1 > first);
+        // BEGIN SOLUTION
+        // S = Q Kᵀ: s[n] is the 16 × 8 accumulator of keys start + 8n .. start + 8n + 7. B = Kᵀ is "col" major,
+        // i.e. K's rows: lane 8i + r gives key r (+8 for matrices 2, 3) at head-dim column 0 (+8 for 1, 3), so
+        // kf[0], kf[1] are b0, b1 of keys 0-7 and kf[2], kf[3] those of keys 8-15.
+        float s[BC / 8][4];
+        #pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+        const T* krow = Kt + (lane % 8 + 8 * (lane / 16)) * DP + 8 * (lane / 8 % 2);
+        #pragma unroll
+        for (int kk = 0; kk < DH / 16; ++kk)
+            #pragma unroll
+            for (int np = 0; np < BC / 16; ++np) {
+                unsigned kf[4];
+                ldsm_x4(kf, smem_u32(krow + np * 16 * DP + kk * 16));
+                mma_16816<T>(s[2 * np], qf[kk], kf[0], kf[1]);
+                mma_16816<T>(s[2 * np + 1], qf[kk], kf[2], kf[3]);
+            }
+        // Online softmax in base 2. Element e of s[n] is row g + 8 (e / 2), key start + 8n + 2t + e % 2.
+        float top[2] = {-INFINITY, -INFINITY};
+        #pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = start + 8 * n + 2 * t + e % 2, row = first + warp * 16 + g + 8 * (e / 2);
+                float x = s[n][e] * qk_scale;  // base-2 logit
+                if (masked && (col >= N || (causal && col > row))) x = -INFINITY;
+                s[n][e] = x;
+                top[e / 2] = fmaxf(top[e / 2], x);
+            }
+        float base[2], alpha[2];
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) {  // a row's max over the 4 lanes 4g .. 4g+3 that hold it
+            top[r] = fmaxf(top[r], __shfl_xor_sync(0xffffffffu, top[r], 1));
+            top[r] = fmaxf(top[r], __shfl_xor_sync(0xffffffffu, top[r], 2));
+            const float m_new = fmaxf(m_i[r], top[r]);
+            base[r] = m_new == -INFINITY ? 0.f : m_new;  // no key yet: exp2(-inf - 0) = 0, never NaN
+            alpha[r] = fast_exp2(m_i[r] - base[r]);
+            m_i[r] = m_new;
+        }
+        float sum[2] = {0.f, 0.f};
+        #pragma unroll
+        for (int n = 0; n < BC / 8; ++n)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[n][e] = fast_exp2(s[n][e] - base[e / 2]);  // s now holds P
+                sum[e / 2] += s[n][e];
+            }
+        #pragma unroll
+        for (int r = 0; r < 2; ++r) l_i[r] = l_i[r] * alpha[r] + sum[r];  // 1 / l waits for the end
+        #pragma unroll
+        for (int n = 0; n < DH / 8; ++n)
+            #pragma unroll
+            for (int e = 0; e < 4; ++e) acc[n][e] *= alpha[e / 2];
+        // O += P V. P's accumulators for keys 16kk .. 16kk+15, s[2kk] and s[2kk+1], packed in pairs are its A
+        // operand. B = V is row major: with .trans, lane 8i + r gives key r (+8 for matrices 1, 3) at head-dim
+        // column 0 (+8 for 2, 3), so vf[0], vf[1] are b0, b1 of columns 0-7 and vf[2], vf[3] those of 8-15.
+        const T* vrow = Vt + (lane % 8 + 8 * (lane / 8 % 2)) * DP + 8 * (lane / 16);
+        #pragma unroll
+        for (int kk = 0; kk < BC / 16; ++kk) {
+            const unsigned pf[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            #pragma unroll
+            for (int dp = 0; dp < DH / 16; ++dp) {
+                unsigned vf[4];
+                ldsm_x4_trans(vf, smem_u32(vrow + kk * 16 * DP + dp * 16));
+                mma_16816<T>(acc[2 * dp], pf, vf[0], vf[1]);
+                mma_16816<T>(acc[2 * dp + 1], pf, vf[2], vf[3]);
+            }
+        }
+        // END SOLUTION
+    }
+    cp_async_wait_all();  // nothing is in flight at exit (the last group is empty)
+    #pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float l = l_i[r];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);  // the row's sum over its 4 lanes
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        const int row = first + warp * 16 + g + 8 * r;
+        if (row >= M) continue;
+        const float inv = l > 0.f ? 1.f / l : 0.f;  // a row with no key at all writes zeros
+        T* out = o + ((size_t)z * M + row) * D;
+        #pragma unroll
+        for (int n = 0; n < DH / 8; ++n) {
+            const int col = 8 * n + 2 * t;
+            if (col < D)
+                *reinterpret_cast<unsigned*>(out + col) = pack2<T>(acc[n][2 * r] * inv, acc[n][2 * r + 1] * inv);
+        }
+        if (t == 0) lse[(size_t)z * M + row] = l > 0.f ? (m_i[r] + log2f(l)) * LN2 : -INFINITY;
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(THREADS) tc_flash_attention(
+        const T* q, const T* k, const T* v, T* o, float* lse, int M, int N, int D, int H, float qk_scale,
+        int causal, int sqb, int sqh, int sqm, int skb, int skh, int skn, int svb, int svh, int svn) {
+    extern __shared__ float4 shared4[];  // (BR + 2 · STAGES · BC) rows of DH + PAD elements
+    T* smem = reinterpret_cast<T*>(shared4);
+    if (D > 64)
+        tc_attend<T, 128>(q, k, v, o, lse, M, N, D, H, qk_scale, causal, sqb, sqh, sqm, skb, skh, skn, svb, svh,
+                          svn, smem);
+    else
+        tc_attend<T, 64>(q, k, v, o, lse, M, N, D, H, qk_scale, causal, sqb, sqh, sqm, skb, skh, skn, svb, svh,
+                         svn, smem);
+}
+"""
+tc_flash_attention_kernel = CudaKernel(TC_FLASH_ATTENTION_SRC, "tc_flash_attention")
+
+
+def _tc_ready(t: torch.Tensor) -> torch.Tensor:
+    """t, or a contiguous copy when cp.async's 16-byte pieces would not be aligned (base or a stride)."""
+    if t.data_ptr() % 16 == 0 and all(s % 8 == 0 for s in t.stride()[:3]):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
+
+
+def tc_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, scale=None):
+    """The tensor-core forward: (o, lse) like cuda_flash_attention for float16 or bfloat16 q, k, v (products in
+    the storage type, sums in float32), head_dim a multiple of 16 up to 128."""
+    op = "tc_flash_attention"
+    q, k, v = (as_heads(t, op, name) for t, name in ((q, "q"), (k, "k"), (v, "v")))
+    (bsz, heads, m, d), n = q.shape, k.shape[2]
+    if k.shape != (bsz, heads, n, d) or v.shape != k.shape or not q.dtype == k.dtype == v.dtype \
+            or not q.device == k.device == v.device:
+        raise ValueError(f"{op}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} must share batch, "
+                         f"heads, head_dim, dtype and device; k and v must have the same shape")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"{op}: dtype {str(q.dtype).removeprefix('torch.')} is not supported; the tensor-core "
+                         f"kernel takes float16 or bfloat16")
+    if d > TC_MAX_D or d % 16:
+        raise ValueError(f"{op}: head_dim {d} must be a multiple of 16 and at most {TC_MAX_D}")
+    scale = 1 / math.sqrt(d) if scale is None else float(scale)
+    q, k, v = _tc_ready(q), _tc_ready(k), _tc_ready(v)
+    o = torch.empty((bsz, heads, m, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((bsz, heads, m), dtype=torch.float32, device=q.device)
+    row_bytes = 2 * ((64 if d <= 64 else 128) + TC_PAD)  # DH + PAD elements of 2 bytes, as in the source
+    shared = row_bytes * (TC_BR + 2 * TC_STAGES * TC_BC)
+    tc_flash_attention_kernel((-(-m // TC_BR), bsz * heads), (TC_THREADS,), q, k, v, o, lse, m, n, d, heads,
+                              scale * LOG2E, int(bool(causal)), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                              shared_bytes=shared)
     return o, lse
