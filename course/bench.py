@@ -60,6 +60,20 @@ def gpu_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     return times[n // 2]
 
 
+def attempt_ms(fn) -> tuple[float, str]:
+    """(gpu_ms(fn), "") or, when fn fails, (nan, why): out of memory, or the error in one line. A benchmark
+    records the reason and goes on; one peer that does not fit never costs the rows already measured."""
+    import torch
+    try:
+        return gpu_ms(fn), ""
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return float("nan"), "out of memory"
+    except Exception as exc:  # noqa: BLE001 - a peer's own failure (unsupported shape, backend missing)
+        torch.cuda.empty_cache()
+        return float("nan"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+
+
 def cpu_ms(fn, repeat: int = 5) -> float:
     fn()
     times = []

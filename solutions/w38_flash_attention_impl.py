@@ -372,9 +372,9 @@ def flash_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_
 # small problems take milliseconds and would pay seconds of tuning); the Triton interpreter on CPU uses CPU_TILES.
 CPU_TILES = (32, 32, 4, 1)
 TUNE_FROM = 1024
-FORWARD_CONFIGS = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3), (128, 32, 4, 4)]
-DKDV_CONFIGS = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3), (32, 128, 8, 4), (16, 128, 4, 4)]
-DQ_CONFIGS = [(64, 32, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3), (128, 32, 8, 4), (64, 64, 4, 3)]
+FORWARD_CONFIGS = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]
+DKDV_CONFIGS = [(32, 64, 4, 3), (32, 128, 4, 3), (64, 128, 8, 3)]
+DQ_CONFIGS = [(64, 32, 4, 3), (128, 32, 4, 3), (128, 64, 8, 3)]
 KEYS = ["N_BUCKET", "BLOCK_D", "CAUSAL", "HKV", "VARLEN"]
 
 

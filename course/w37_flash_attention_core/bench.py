@@ -56,9 +56,9 @@ def forward_rows(s37):
                 extra = {"FlexAttention": _flex_causal(n)} if causal else {}
                 for name, fn in {**kernels, **extra}.items():
                     flops = cost.attention_flops(b * h, n, n, d, causal)
-                    ms = bench.gpu_ms(lambda: fn(q, k, v, causal))
+                    ms, note = bench.attempt_ms(lambda: fn(q, k, v, causal))  # SDPA math: N² scores may not fit
                     rows.append({"part": "forward", "kernel": name, "peer": PEER, "mask": "causal" if causal else "none",
-                                 "B": b, "H": h, "N": n, "d": d, "ms": ms, "TFLOP/s": flops / ms / 1e9})
+                                 "B": b, "H": h, "N": n, "d": d, "ms": ms, "TFLOP/s": flops / ms / 1e9, "note": note})
             del q, k, v
     return rows
 
@@ -77,10 +77,11 @@ def fp32_rows(s37):
         for causal in (False, True):
             for name, fn in (("cuda_flash_attention", lambda: s37.cuda_flash_attention(q, k, v, causal=causal)),
                              (COMPOSED, lambda: s35.attention(q, k, v, causal=causal))):
-                ms = bench.gpu_ms(fn)
+                ms, note = bench.attempt_ms(fn)
                 rows.append({"part": "fp32", "dtype": "float32", "kernel": name, "peer": COMPOSED,
                              "mask": "causal" if causal else "none", "B": b, "H": h, "N": n, "d": d, "ms": ms,
-                             "TFLOP/s": cost.attention_flops(b * h, n, n, d, causal) / ms / 1e9, "peak_MB": bench.peak_mb(fn)})
+                             "TFLOP/s": cost.attention_flops(b * h, n, n, d, causal) / ms / 1e9,
+                             "peak_MB": bench.peak_mb(fn) if not note else math.nan, "note": note})
         del q, k, v
         torch.cuda.empty_cache()
     return rows
@@ -101,8 +102,13 @@ def memory_rows(s37):
                 return attend(q, k, v)
             square = 4 if name == "torch eager" else 0
             model = cost.standard_peak_bytes(16, n, n, 128, 2, square) + (4 * 16 * n if square == 0 else 0)
+            try:
+                peak, note = bench.peak_mb(call), ""
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                peak, note = math.nan, "out of memory"
             rows.append({"part": "memory", "kernel": name, "peer": "torch eager", "mask": "none", "B": 1, "H": 16, "N": n,
-                         "d": 128, "peak_MB": bench.peak_mb(call), "model_MB": model / 1e6})
+                         "d": 128, "peak_MB": peak, "model_MB": model / 1e6, "note": note})
     return rows
 
 
@@ -121,6 +127,7 @@ def run(parts=PARTS) -> pd.DataFrame:
     for column in ("ms", "TFLOP/s", "peak_MB", "model_MB"):
         if column not in table:
             table[column] = float("nan")
+    table["note"] = table["note"].fillna("") if "note" in table else ""
     peer_ms = table.set_index(["part", "kernel", "mask", "N", "d"])["ms"]
     table["speedup"] = [peer_ms.get((r.part, r.peer, r.mask, r.N, r.d), math.nan) / r.ms for r in table.itertuples()]
     table["vs_matmul"] = table["TFLOP/s"] / matmul
