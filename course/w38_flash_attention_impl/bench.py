@@ -46,7 +46,14 @@ def _flex(n, causal, documents=None):
     def keep(b, h, q_idx, kv_idx):
         ok = q_idx >= kv_idx if causal else q_idx >= 0
         return ok & (documents[q_idx] == documents[kv_idx]) if documents is not None else ok
-    mask = create_block_mask(keep, None, None, n, n, device="cuda")
+    try:
+        mask = create_block_mask(keep, None, None, n, n, device="cuda")
+    except Exception as exc:  # noqa: BLE001 - recorded on the peer's rows by attempt_ms
+        reason = f"block mask: {type(exc).__name__}: {exc}"
+
+        def failed(*_):
+            raise RuntimeError(reason)
+        return failed
     compiled = torch.compile(flex_attention, dynamic=False)
     return lambda q, k, v, _causal: compiled(q, k, v, block_mask=mask)
 
