@@ -7,6 +7,7 @@ variable-length batches are (tokens, heads, head_dim) with `cu_seqlens`. Causal 
 (query i sees keys j <= i), as in weeks 35-37. Keys and values may have fewer heads than queries
 (grouped-query attention): query heads kvh·G … kvh·G + G − 1 share key/value head kvh, G = H / Hkv.
 """
+import functools
 import math
 
 import numpy as np
@@ -597,11 +598,12 @@ def flash_attn_varlen(q, k, v, cu_seqlens, causal: bool = False, scale=None):
 
 # ---------------------------------------------------------------- day 5: split-K decoding
 @triton.jit
-def flash_decode_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_part_ptr, MQ, D, H, HKV, qk_scale, chunk,
+def flash_decode_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_part_ptr, MQ, N, D, H, HKV, qk_scale, chunk,
                         sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_D: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr):
+                        BLOCK_D: tl.constexpr, LENGTHS: tl.constexpr, STAGES: tl.constexpr, PRECISION: tl.constexpr):
     # Program (split, b·Hkv + kvh): the G·MQ query rows of the heads that share kv head kvh (row r is token
-    # r % MQ of head kvh·G + r // MQ), against keys [split·chunk, (split+1)·chunk) of the cache's first len[b].
+    # r % MQ of head kvh·G + r // MQ), against keys [split·chunk, (split+1)·chunk) of the cache's first len[b]
+    # (LENGTHS) or of all N.
     # Writes its partial (o normalised by its own sum, natural-log lse) in float32, for merge_splits_kernel.
     split, bkv = tl.program_id(0), tl.program_id(1)
     b, kvh = bkv // HKV, bkv % HKV
@@ -612,7 +614,10 @@ def flash_decode_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_part_ptr, 
     dims = tl.arange(0, BLOCK_D)
     q = tl.load(q_ptr + b.to(tl.int64) * sqb + h[:, None] * sqh + token[:, None] * sqm + dims[None, :],
                 mask=live[:, None] & (dims[None, :] < D), other=0.0)
-    n = tl.load(len_ptr + b)
+    if LENGTHS:
+        n = tl.load(len_ptr + b)
+    else:
+        n = N + 0 * b
     start = split * chunk
     stop = tl.minimum(start + chunk, n)
     k_head = k_ptr + b.to(tl.int64) * skb + kvh * skh
@@ -649,11 +654,15 @@ def merge_splits_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, S, R, D, BLOCK
     tl.store(lse_ptr + r, tl.where(total > 0, shift + tl.log(tl.where(total > 0, total, 1.0)), -float("inf")))
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 4
+
+
 def decode_splits(batch: int, kv_heads: int, n: int, block_n: int) -> int:
     """How many programs share one head's cache: enough (batch · Hkv · splits) to give every SM about two,
     never a split shorter than one block."""
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 4
-    return max(1, min(triton.cdiv(n, block_n), triton.cdiv(2 * sms, batch * kv_heads), 256))
+    return max(1, min(triton.cdiv(n, block_n), triton.cdiv(2 * _sm_count(), batch * kv_heads), 256))
 
 
 def flash_decode(q, k_cache, v_cache, cache_lengths=None, splits=None, scale=None):
@@ -663,8 +672,9 @@ def flash_decode(q, k_cache, v_cache, cache_lengths=None, splits=None, scale=Non
     The query tokens see every valid key (no causal mask)."""
     q, k, v, scale = _heads("flash_decode", q, k_cache, v_cache, scale)
     (bsz, heads, mq, d), (kv_heads, n) = q.shape, k.shape[1:3]
-    lengths = torch.full((bsz,), n, dtype=torch.int32, device=q.device) if cache_lengths is None else \
-        torch.as_tensor(cache_lengths, device=q.device).to(torch.int32).reshape(bsz)
+    lengths = None if cache_lengths is None else torch.as_tensor(cache_lengths, device=q.device).to(torch.int32)
+    if lengths is not None and (lengths.numel() != bsz or (lengths < 0).any() or (lengths > n).any()):
+        raise ValueError(f"flash_decode: cache_lengths must hold {bsz} lengths between 0 and {n}")
     block_m = max(16, triton.next_power_of_2(heads // kv_heads * mq))
     block_n = 64 if ON_GPU else 32
     splits = splits or decode_splits(bsz, kv_heads, n, block_n)
@@ -672,9 +682,9 @@ def flash_decode(q, k_cache, v_cache, cache_lengths=None, splits=None, scale=Non
     o_part = torch.empty((splits, bsz, heads, mq, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((splits, bsz, heads, mq), dtype=torch.float32, device=q.device)
     flash_decode_kernel[(splits, bsz * kv_heads)](
-        q, k, v, lengths, o_part, lse_part, mq, d, heads, kv_heads, scale * LOG2E, chunk, *q.stride()[:3],
-        *k.stride()[:3], *v.stride()[:3], BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
-        STAGES=3 if ON_GPU else 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
+        q, k, v, q if lengths is None else lengths, o_part, lse_part, mq, n, d, heads, kv_heads, scale * LOG2E, chunk,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), LENGTHS=lengths is not None, STAGES=3 if ON_GPU else 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
     o = torch.empty((bsz, heads, mq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((bsz, heads, mq), dtype=torch.float32, device=q.device)
     merge_splits_kernel[(bsz * heads * mq,)](o_part, lse_part, o, lse, splits, bsz * heads * mq, d,
