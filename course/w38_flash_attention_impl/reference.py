@@ -144,7 +144,9 @@ def causal_first_query_block(first_key: int, block_m: int) -> int:
 
 
 def backward_traffic(bh: int, m: int, n: int, d: int, block_m: int, block_n: int, causal: bool = False):
-    """(reads, writes) in elements of tiled_attention_backward, in closed form."""
+    """(reads, writes) in elements of tiled_attention_backward, in closed form, counting in the dQ pass the keys up
+    to each query block's last query. The simulation loads whole key blocks, so with a causal mask it also reads the
+    rest of the diagonal's last key block: the two agree when block_n divides block_m (or without a mask)."""
     reads, writes = bh * 2 * m * d, bh * m                               # preprocessing: O, dO in; D out
     query_rows = 0                                                       # Σ over key blocks of the query rows seen
     for first_key in range(0, n, block_n):
