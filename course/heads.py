@@ -5,11 +5,21 @@ strides as arguments and only need the last dimension to be contiguous.
 """
 import torch
 
+from .backend import DEVICE
+
+
+def on_device(t: torch.Tensor, op: str, name: str) -> None:
+    """Triton on a GPU needs CUDA tensors, its CPU interpreter CPU ones: say so instead of failing in the launch."""
+    if t.device.type != DEVICE:
+        raise ValueError(f"{op}: {name} is on {t.device}, but this machine's kernels run on {DEVICE}: create it "
+                         f"with device=course.DEVICE (or move it with .to(course.DEVICE))")
+
 
 def as_heads(t, op: str, name: str) -> torch.Tensor:
     """`t` as a (B, H, N, d) tensor with a contiguous last dimension (a copy only when it is not)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    on_device(t, op, name)
     if t.dim() != 4 or t.numel() == 0:
         raise ValueError(f"{op}: {name} must have shape (batch, heads, length, head_dim) with no empty "
                          f"dimension; got {tuple(t.shape)}")

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from course.backend import ON_GPU
 from course.cuda import CudaKernel
-from course.heads import as_heads
+from course.heads import as_heads, on_device
 
 LOG2E = 1.4426950408889634
 
@@ -547,6 +547,8 @@ def _packed(op, q, k, v, cu_seqlens, scale):
             or q.shape[1] % k.shape[1]:
         raise ValueError(f"{op}: q (tokens, H, d), k and v (tokens, Hkv, d) with Hkv dividing H; got q "
                          f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        on_device(t, op, name)
     cu = torch.as_tensor(cu_seqlens, device=q.device).to(torch.int32)
     if cu.dim() != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != q.shape[0] or (cu[1:] < cu[:-1]).any():
         raise ValueError(f"{op}: cu_seqlens must rise from 0 to the number of tokens ({q.shape[0]}); got "

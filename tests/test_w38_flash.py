@@ -106,15 +106,18 @@ def test_split_k_decoding_with_cache_lengths(splits):
 
 
 def test_arguments_are_checked():
-    q = torch.randn(1, 4, 8, 16)
+    q = torch.randn(1, 4, 8, 16, device=backend.DEVICE)
+    other = lambda *shape: torch.randn(*shape, device=backend.DEVICE)  # noqa: E731
     with pytest.raises(ValueError, match="dividing"):
-        s.flash_forward(q, torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16))
+        s.flash_forward(q, other(1, 3, 8, 16), other(1, 3, 8, 16))
     with pytest.raises(ValueError, match="cu_seqlens"):
-        s.varlen_forward(torch.randn(10, 2, 16), torch.randn(10, 2, 16), torch.randn(10, 2, 16), [0, 4, 9])
+        s.varlen_forward(other(10, 2, 16), other(10, 2, 16), other(10, 2, 16), [0, 4, 9])
     with pytest.raises(ValueError, match="cache_lengths"):
-        s.flash_decode(q[:, :, :1], torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16), [9])
+        s.flash_decode(q[:, :, :1], other(1, 2, 8, 16), other(1, 2, 8, 16), [9])
     with pytest.raises(ValueError, match="float16 or bfloat16"):
-        s.tc_flash_attention(q, q, q)
+        s.tc_flash_attention(q.to(backend.DEVICE), q.to(backend.DEVICE), q.to(backend.DEVICE))
+    with pytest.raises(ValueError, match="course.DEVICE"):  # a tensor the kernels cannot reach: said, not crashed
+        s.flash_forward(torch.randn(1, 4, 8, 16, device="meta"), q.cpu(), q.cpu())
 
 
 def test_every_week_38_mutant_names_the_hint_it_must_show():
