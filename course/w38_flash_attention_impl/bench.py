@@ -236,7 +236,7 @@ def run(parts=PARTS) -> pd.DataFrame:
     from tqdm.auto import tqdm  # here, not at import: notebooks import this module without ipywidgets
 
     from solutions import w38_flash_attention_impl as s38
-    matmul = bench.matmul_ceiling_tflops()
+    matmul, copy = bench.matmul_ceiling_tflops(), bench.copy_ceiling_gbps()
     rows = []
     for part in tqdm(parts, desc="w38 FlashAttention implementation"):
         rows += globals()[f"{part}_rows"](s38)
@@ -252,5 +252,6 @@ def run(parts=PARTS) -> pd.DataFrame:
     table["speedup"] = table.pop("peer_ms") / table["ms"]
     table["vs_matmul"] = table["TFLOP/s"] / matmul
     table["matmul_ceiling_TFLOP/s"] = matmul
+    table["copy_ceiling_GB/s"] = copy
     return table.round({"ms": 4, "TFLOP/s": 1, "GB/s": 1, "speedup": 2, "vs_matmul": 3, "matmul_ceiling_TFLOP/s": 1,
-                        "loss": 4})
+                        "copy_ceiling_GB/s": 1, "loss": 4})
