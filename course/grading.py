@@ -258,14 +258,38 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
     if len(got) != len(ref):
         raise GradingError(f"{where}: expected {len(ref)} outputs ({', '.join(task.outputs)}), got {len(got)}.")
     worst = 0.0
+    got = [_to_float64(g) for g in got]
     for i, (name, g, r, size) in enumerate(zip(task.outputs, got, ref, scales)):
-        g = _to_float64(g)
         if g.shape != r.shape:
             raise GradingError(f"{where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
         unwritten_here = unwritten if i == 0 else None  # only the first output (`out`) was poisoned
-        with np.errstate(all="ignore"):
-            worst = max(worst, _compare(task, case, name, g, r, unwritten_here, where, again, size))
+        try:
+            with np.errstate(all="ignore"):
+                worst = max(worst, _compare(task, case, name, g, r, unwritten_here, where, again, size))
+        except GradingError as err:
+            if _moves(task, fn, inputs, kwargs, got):
+                raise GradingError(f"{err}\n  and: the output changed between two runs on the same inputs. A moving "
+                                   f"error is a race: a missing barrier, or shared memory read before every "
+                                   f"thread's copy landed (or overwritten while another warp still reads it).") from None
+            raise
     return worst
+
+
+def _moves(task: Task, fn, inputs, kwargs, first) -> bool:
+    """On a GPU, after a failure: does a second run on the same inputs give other outputs? (A race's signature;
+    the CPU interpreter runs programs one after another and cannot show one.)"""
+    if task.backend == "numpy" or not backend.ON_GPU:
+        return False
+    try:
+        with _banned(task.banned), _timeout(TIMEOUT_S), np.errstate(all="ignore"):
+            if task.writes_out:
+                again = fn(*inputs, out=_poisoned_like(inputs[0], first[0].shape), **kwargs)
+            else:
+                again = fn(*inputs, **kwargs)
+    except Exception:  # noqa: BLE001 - the first run's failure is the one to report
+        return False
+    again = again if isinstance(again, tuple) else (again,)
+    return any(not np.array_equal(a, _to_float64(b), equal_nan=True) for a, b in zip(first, again))
 
 
 def _compare(task, case, name, got, ref, unwritten, where, again, size=None) -> float:

@@ -80,4 +80,7 @@ MUTANTS = [
            "l_i[r] = l_i[r] + sum[r];", hint="rescale"),
     Mutant("w38.tc_flash_attention", "scale missing", "float x = s[n][e] * qk_scale;",
            "float x = s[n][e] * 1.4426950408889634f;", hint="scale 1/√d is missing"),
+    Mutant("w38.tc_flash_attention", "a race: no barrier between the copies landing and the tile's use",
+           "        __syncthreads();      // ... everyone's; and every warp",
+           "        // ... everyone's; and every warp", needs_gpu=True, hint="race"),
 ]
