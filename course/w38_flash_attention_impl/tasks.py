@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..grading import TOLERANCES, Case, Task, closest_bug
+from ..grading import TOLERANCES, Case, GradingError, Task, closest_bug
 from ..w35_attention_blocks.tasks import MATMULS, SDPA, SOFTMAXES, _flash_rule, _heads, _huge_heads
 from ..w37_flash_attention_core.tasks import _negative_heads, _sixteen_bit_rule, linear_memory
 from . import reference as ref
@@ -314,6 +314,35 @@ def _forward_reference(q, k, v, causal=False):
     return ref.attention_forward(q, k, v, causal)
 
 
+def many_tiles(fn):
+    """On a GPU: the cases are small, and a race between the warps of a block (a missing barrier between copies and
+    their use) shows only when many tiles stream through many blocks. Run (4, 16, 1024, 64) in bf16, causal and not,
+    twice: the error must stay within FlashAttention's rule (2 × PyTorch's own bf16 error + one rounding) and the
+    two runs must agree bit for bit."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(38)
+    for causal in (False, True):
+        q, k, v = (torch.randn(4, 16, 1024, 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+        first, second = fn(q, k, v, causal=causal)[0], fn(q, k, v, causal=causal)[0]
+        right = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        peer = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        err, allowed = (first.float() - right).abs().max().item(), 2 * (peer.float() - right).abs().max().item() + 2 ** -8
+        moved = not torch.equal(first, second)
+        if err > allowed or moved:
+            shape = f"(4, 16, 1024, 64), bfloat16{', causal' if causal else ''}"
+            why = (" and the output changed between two runs on the same inputs. A moving error is a race: a missing "
+                   "barrier, or shared memory read before every thread's copy landed (or overwritten while another "
+                   "warp still reads it)." if moved else ": every small case passed, so look at what only many tiles "
+                   "and many blocks exercise (the pipeline's stages, the causal order of the blocks).")
+            raise GradingError(f"the small cases pass, but at scale {shape} the largest error is {err:.3g} against "
+                               f"{allowed:.3g} allowed{why}")
+
+
+def _tc_gpu_checks(fn):
+    many_tiles(fn)
+    linear_memory(fn)
+
+
 TASKS = {t.id: t for t in [
     Task("w38.tiled_attention_backward", "numpy", ("tiled_attention_backward",), numpy_backward_cases,
          _numpy_backward_reference, outputs=("dq", "dk", "dv"), banned=BANNED, hint=backward_hint,
@@ -331,5 +360,5 @@ TASKS = {t.id: t for t in [
          banned=BANNED, hint=merge_hint, dtypes=NUMPY_DTYPES),
     Task("w38.tc_flash_attention", "cuda", ("TC_FLASH_ATTENTION_SRC",), tc_cases, _forward_reference,
          outputs=("o", "lse"), banned=BANNED, hint=forward_hint, dtypes=("float16", "bfloat16"),
-         gpu_check=linear_memory),
+         gpu_check=_tc_gpu_checks),
 ]}
