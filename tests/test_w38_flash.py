@@ -123,3 +123,14 @@ def test_arguments_are_checked():
 def test_every_week_38_mutant_names_the_hint_it_must_show():
     for mutant in declared("w38_flash_attention_impl"):
         assert mutant.hint or mutant.needs_gpu, f"{mutant.name}: no hint to check"
+
+
+def test_tl_dot_becomes_wgmma_when_compiled_for_hopper():
+    from course.triton_ptx import hopper_ptx, instruction_counts
+    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "o_ptr": "*bf16", "lse_ptr": "*fp32", "cu_ptr": "*i32",
+             "qk_scale": "fp32"}
+    ptx = hopper_ptx("w38_flash_attention_impl", "flash_forward_kernel", types,
+                     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_D=64, CAUSAL=True, VARLEN=False, SEQ_PARALLEL=True, DEFER=True,
+                          EXP2=True, STAGES=2, PRECISION="tf32"), num_warps=4)
+    counts = instruction_counts(ptx)
+    assert counts["wgmma (Hopper, a warpgroup's asynchronous MMA)"] > 0 and counts["TMA tile copy"] == 0
