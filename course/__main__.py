@@ -31,7 +31,7 @@ def grade_one(exercise_id: str) -> dict:
     except GradingError as err:
         return {"status": "FAIL", "detail": str(err)}
     if not report.ran:
-        return {"status": "compiled only", "detail": report.note}
+        return {"status": "not run", "detail": report.note}
     worst = max(report.max_error.values(), default=0.0)
     return {"status": "pass", "max_error": worst, "detail": f"{report.cases} cases"}
 
@@ -52,13 +52,14 @@ def cmd_grade(args) -> int:
         seconds = time.perf_counter() - start
         error = f"{verdict['max_error']:.0%}" if "max_error" in verdict else "-"
         rows.append((exercise_id, verdict["status"], error, f"{seconds:.1f} s"))
-        if verdict["status"] not in ("pass", "compiled only"):
+        if verdict["status"] not in ("pass", "not run"):
             failed.append((exercise_id, verdict["detail"]))
     print(_table(rows, ("exercise", "status", "error / tolerance", "time")))
     for exercise_id, detail in failed:
         print(f"\n--- {exercise_id}\n{detail}")
-    passed = len(rows) - len(failed)
-    print(f"\n{passed} passed, {len(failed)} failed")
+    not_run = sum(row[1] == "not run" for row in rows)
+    passed = len(rows) - len(failed) - not_run
+    print(f"\n{passed} passed, {len(failed)} failed" + (f", {not_run} not run (need a GPU)" if not_run else ""))
     return 0 if not failed else 1
 
 
@@ -74,7 +75,7 @@ def cmd_mutants(args) -> int:
         for exercise_id in [e for e in registry.week_tasks(week) if e in selected]:
             try:
                 report = check(exercise_id, getattr(solutions, exercise_id.split(".")[1]))
-                status = "accepted" if report.ran else "compiled only"
+                status = "accepted" if report.ran else "not run: needs a GPU"
             except GradingError as err:
                 status, bad = f"REJECTED: {str(err).splitlines()[0]}", bad + 1
             rows.append((exercise_id, "reference solution", status))

@@ -241,6 +241,11 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
         raise GradingError(f"{where}: {exc}") from None
     except Exception as exc:  # the learner's code raised: show their error, not ours
         raise GradingError(f"{where}: your code raised {type(exc).__name__}: {exc}\n  {again}") from None
+    except SystemExit as exc:
+        raise GradingError(f"{where}: your code called exit ({exc.code}); return the result instead.") from None
+    except KeyboardInterrupt:
+        raise GradingError(f"{where}: interrupted while your code ran (a kernel that never finishes?). Try the "
+                           f"case on its own with small sizes.\n  {again}") from None
     for i, (a, b) in enumerate(zip(before, inputs)):
         if not np.array_equal(a, _to_float64(b), equal_nan=True):
             raise GradingError(f"{where}: input {i} was modified. Write results to a new array or `out`.")
@@ -253,12 +258,18 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
             raise GradingError(f"{where}: the first output must be the `out` tensor you were given (write into it).")
         got = (out, *more)
     else:
-        got = got if isinstance(got, tuple) else (got,)
+        several = isinstance(got, (tuple, list)) and len(ref) > 1 and len(got) == len(ref)
+        got = tuple(got) if several or isinstance(got, tuple) else (got,)
         unwritten = None
     if len(got) != len(ref):
         raise GradingError(f"{where}: expected {len(ref)} outputs ({', '.join(task.outputs)}), got {len(got)}.")
     worst = 0.0
-    got = [_to_float64(g) for g in got]
+    try:
+        got = [_to_float64(g) for g in got]
+    except (TypeError, ValueError) as exc:
+        kinds = ", ".join(type(g).__name__ for g in got)
+        raise GradingError(f"{where}: the outputs must be numbers (NumPy arrays, tensors or numbers: "
+                           f"{', '.join(task.outputs)}); got {kinds} ({exc}).") from None
     for i, (name, g, r, size) in enumerate(zip(task.outputs, got, ref, scales)):
         if g.shape != r.shape:
             raise GradingError(f"{where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
@@ -307,8 +318,7 @@ def _compare(task, case, name, got, ref, unwritten, where, again, size=None) -> 
         return float(np.max(err / allowed, initial=0.0))
     first = tuple(int(i) for i in np.argwhere(bad)[0])
     lines = [f"{where}: output `{name}` is wrong at {int(bad.sum())} of {bad.size} elements.",
-             f"  first wrong element {list(first)} of shape {list(ref.shape)}: got {got[first]:.6g}, "
-             f"expected {ref[first]:.6g}"]
+             f"  first wrong element {list(first)} of shape {list(ref.shape)}: got {_pair(got[first], ref[first])}"]
     hint = None
     if unwritten is not None and unwritten.any():
         idx = [int(i) for i in np.argwhere(unwritten)[0]]
@@ -321,6 +331,19 @@ def _compare(task, case, name, got, ref, unwritten, where, again, size=None) -> 
     lines.append(f"  tolerance: |got - expected| <= {atol:g} + {rtol:g}·|expected| ({why})")
     lines.append(f"  {again}")
     raise GradingError("\n".join(lines))
+
+
+def _number(x: float, digits: int) -> str:
+    return str(int(x)) if np.isfinite(x) and float(x).is_integer() and abs(x) < 2 ** 53 else f"{x:.{digits}g}"
+
+
+def _pair(got: float, expected: float) -> str:
+    """"got A, expected B" with the fewest digits (at least 6) that show the two differ; integers exactly."""
+    for digits in range(6, 18):
+        a, b = _number(got, digits), _number(expected, digits)
+        if a != b:
+            break
+    return f"{a}, expected {b}"
 
 
 def _location_hint(bad: np.ndarray) -> str | None:

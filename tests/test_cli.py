@@ -58,3 +58,11 @@ def test_recorded_results_carry_provenance_and_every_kernel():
 def test_softmax_cost_by_hand():
     assert softmax_cost(4096, 1024, 4) == {"bytes": 2 * 4096 * 1024 * 4, "flops": 5 * 4096 * 1024}
     assert softmax_cost(1, 1, 2)["bytes"] == 4
+
+
+def test_a_cuda_exercise_that_only_compiled_is_counted_as_not_run():
+    from course.backend import ON_GPU
+    proc = run("grade", "w38.tc_flash_attention", "--solutions")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = "1 passed, 0 failed" if ON_GPU else "0 passed, 0 failed, 1 not run (need a GPU)"
+    assert expected in proc.stdout, proc.stdout

@@ -148,3 +148,36 @@ def test_a_launcher_must_return_the_out_it_was_given():
         return w34.rmsnorm(x, weight)  # ignores `out`
     with pytest.raises(grading.GradingError, match="first output must be the `out` tensor"):
         course.check("w34.rmsnorm", fresh_output)
+
+
+def test_the_numbers_shown_differ_and_integers_are_exact():
+    close = lambda x: sol.stable_softmax(x) * (1 + 3e-8)  # noqa: E731 - wrong in the 8th digit, float64 notices
+    with pytest.raises(grading.GradingError) as info:
+        course.check("w33.stable_softmax", close)
+    shown = info.value.args[0].split("got ")[1].split("\n")[0]
+    got, expected = shown.split(", expected ")
+    assert got != expected
+    assert grading._pair(4096.0, 4097.0) == "4096, expected 4097"
+
+
+def test_outputs_that_are_not_numbers_get_a_message():
+    with pytest.raises(grading.GradingError, match="must be numbers"):
+        course.check("w33.stable_softmax", lambda x: "softmax")
+
+
+def test_a_list_of_outputs_is_taken_as_the_outputs():
+    from solutions import w37_flash_attention_core as s37
+    report = course.check("w37.causal_tile_bounds", lambda **kw: list(s37.causal_tile_bounds(**kw)))
+    assert report.ran
+
+
+def test_exit_and_interrupt_in_learner_code_are_reported_not_raised():
+    def leaves(x):
+        raise SystemExit(3)
+
+    def interrupted(x):
+        raise KeyboardInterrupt
+    with pytest.raises(grading.GradingError, match="called exit"):
+        course.check("w33.stable_softmax", leaves)
+    with pytest.raises(grading.GradingError, match="interrupted"):
+        course.check("w33.stable_softmax", interrupted)
