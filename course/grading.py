@@ -215,6 +215,42 @@ def _poisoned_like(x, shape):
     return torch.full(tuple(shape), bits, dtype=getattr(torch, int_type), device=x.device).view(x.dtype)
 
 
+@contextlib.contextmanager
+def _poisoned_allocations(task: Task):
+    """While the learner's launcher runs, torch.empty and torch.empty_like hand out tensors filled with the poison:
+    an output it allocates and never writes (a mean, an LSE, a whole result) is then caught like `out`."""
+    if task.backend == "numpy":
+        yield
+        return
+    import torch
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poisoned(make):
+        def allocate(*args, **kwargs):
+            t = make(*args, **kwargs)
+            name = str(t.dtype).removeprefix("torch.")
+            if name in POISON_BITS and t.numel():
+                bits, int_type = POISON_BITS[name]
+                t.view(getattr(torch, int_type)).fill_(bits)
+            return t
+        return allocate
+    torch.empty, torch.empty_like = poisoned(empty), poisoned(empty_like)
+    try:
+        yield
+    finally:
+        torch.empty, torch.empty_like = empty, empty_like
+
+
+def _never_written(value):
+    """Where a returned tensor still holds the poison (None for anything else)."""
+    name = str(getattr(value, "dtype", "")).removeprefix("torch.")
+    if not hasattr(value, "detach") or name not in POISON_BITS:
+        return None
+    import torch
+    bits, int_type = POISON_BITS[name]
+    return (value.detach().view(getattr(torch, int_type)) == bits).cpu().numpy()
+
+
 def _run_case(task: Task, fn, case: Case, seed: int) -> float:
     where = f'{task.id} failed on case "{case.name}" ({case.dtype})'
     again = f'reproduce with: course.check("{task.id}", {getattr(fn, "__name__", "fn")}, seed={seed})'
@@ -228,7 +264,7 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
         shape = task.out_shape(*(a.shape for a in inputs)) if task.out_shape else inputs[0].shape
         out = _poisoned_like(inputs[0], shape)
     try:
-        with _banned(task.banned), _timeout(TIMEOUT_S), np.errstate(all="ignore"):
+        with _banned(task.banned), _timeout(TIMEOUT_S), np.errstate(all="ignore"), _poisoned_allocations(task):
             got = fn(*inputs, out=out, **kwargs) if task.writes_out else fn(*inputs, **kwargs)
             if task.backend != "numpy" and backend.ON_GPU:
                 import torch
@@ -264,6 +300,7 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
     if len(got) != len(ref):
         raise GradingError(f"{where}: expected {len(ref)} outputs ({', '.join(task.outputs)}), got {len(got)}.")
     worst = 0.0
+    unwritten = [unwritten if i == 0 and unwritten is not None else _never_written(g) for i, g in enumerate(got)]
     try:
         got = [_to_float64(g) for g in got]
     except (TypeError, ValueError) as exc:
@@ -273,7 +310,7 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
     for i, (name, g, r, size) in enumerate(zip(task.outputs, got, ref, scales)):
         if g.shape != r.shape:
             raise GradingError(f"{where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
-        unwritten_here = unwritten if i == 0 else None  # only the first output (`out`) was poisoned
+        unwritten_here = unwritten[i]
         try:
             with np.errstate(all="ignore"):
                 worst = max(worst, _compare(task, case, name, g, r, unwritten_here, where, again, size))

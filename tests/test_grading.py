@@ -181,3 +181,14 @@ def test_exit_and_interrupt_in_learner_code_are_reported_not_raised():
         course.check("w33.stable_softmax", leaves)
     with pytest.raises(grading.GradingError, match="interrupted"):
         course.check("w33.stable_softmax", interrupted)
+
+
+def test_an_output_the_launcher_allocates_and_never_writes_is_caught():
+    import torch
+    from solutions import w37_flash_attention_core as s37
+
+    def forgets_lse(q, k, v, causal=False):
+        o, _ = s37.flash_attention(q, k, v, causal=causal)
+        return o, torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # never written
+    with pytest.raises(grading.GradingError, match="never written"):
+        course.check("w37.flash_attention", forgets_lse)
