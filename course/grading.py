@@ -412,9 +412,64 @@ def _timeout(seconds: int):
         signal.signal(signal.SIGALRM, previous)
 
 
+# aten operators (the names the dispatcher sees, after PyTorch's Python layer and any alias) of each family an
+# exercise may ban; a banned Python name of the family bans them all.
+ATEN_FAMILIES = {
+    "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax", "special_softmax"),
+    "layer_norm": ("layer_norm", "native_layer_norm"),
+    "rms_norm": ("rms_norm", "_fused_rms_norm"),
+    "scaled_dot_product": ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+                           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                           "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
+                           "_efficient_attention_forward", "_scaled_dot_product_attention_math"),
+    "matmul": ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "_addmm_activation", "einsum"),
+}
+_MATMUL_NAMES = ("matmul", "bmm", "einsum", "__matmul__", "baddbmm", "mm")
+
+
+def _aten_banned(names: tuple[str, ...]) -> dict:
+    """aten operator -> its family, for the families the banned Python names belong to."""
+    ops = {}
+    for dotted in names:
+        leaf = dotted.rsplit(".", 1)[-1]
+        for family, members in ATEN_FAMILIES.items():
+            if family in leaf or (family == "matmul" and leaf in _MATMUL_NAMES) or \
+                    (family == "scaled_dot_product" and "multi_head_attention" in leaf):
+                ops.update({op: family.replace("_", " ") for op in members})
+    return ops
+
+
+@contextlib.contextmanager
+def _dispatch_guard(names: tuple[str, ...]):
+    """Refuse the banned families where PyTorch runs them, at the dispatcher: an alias bound at import time, a
+    private or `torch.ops.aten` entry point or a method all arrive there as the same aten operator."""
+    ops = _aten_banned(names)
+    if not ops or "torch" not in sys.modules:
+        yield
+        return
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Guard(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name in ops:
+                raise GradingError(f"this exercise asks you to write it yourself: your code ran PyTorch's "
+                                   f"`aten.{name}`, a {ops[name]} operator (whatever name it was called by).")
+            return func(*args, **(kwargs or {}))
+    with Guard():
+        yield
+
+
 @contextlib.contextmanager
 def _banned(names: tuple[str, ...]):
-    """Replace library functions the exercise asks the learner to write with ones that fail."""
+    """Replace library functions the exercise asks the learner to write with ones that fail, and refuse their
+    operators at PyTorch's dispatcher (_dispatch_guard)."""
+    with _dispatch_guard(names), _named(names):
+        yield
+
+
+@contextlib.contextmanager
+def _named(names: tuple[str, ...]):
     saved = []
     for dotted in names:
         module_name, attr = dotted.rsplit(".", 1)

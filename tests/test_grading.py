@@ -192,3 +192,13 @@ def test_an_output_the_launcher_allocates_and_never_writes_is_caught():
         return o, torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)  # never written
     with pytest.raises(grading.GradingError, match="never written"):
         course.check("w37.flash_attention", forgets_lse)
+
+
+@pytest.mark.parametrize("cheat", ["alias", "aten", "method"])
+def test_a_banned_operator_is_caught_at_the_dispatcher_whatever_its_name(cheat):
+    import torch
+    alias = torch.nn.functional.softmax  # bound before grading, so renaming the library function misses it
+    run = {"alias": lambda x: alias(x, dim=-1), "aten": lambda x: torch.ops.aten._softmax(x, -1, False),
+           "method": lambda x: torch.Tensor.softmax(x, -1)}[cheat]
+    with pytest.raises(grading.GradingError, match="aten._softmax|write it yourself"):
+        course.check("w33.triton_softmax", lambda x, out=None: out.copy_(run(x)) if out is not None else run(x))
