@@ -28,6 +28,8 @@ TOLERANCES = {
     "bfloat16": (1e-5, 1.6e-2, "bfloat16 output: 8-bit mantissa, one rounding of the result (unit roundoff 3.9e-3)"),
 }
 TIMEOUT_S = 120
+RACE = ("the output changed between two runs on the same inputs. A moving error is a race: a missing barrier, or "
+        "shared memory read before every thread's copy landed (or overwritten while another warp still reads it).")
 # NaNs with a payload no arithmetic produces: an element still holding one was never written.
 POISON_BITS = {"float32": (0x7FC0BAD0, "int32"), "float16": (0x7E5B, "int16"), "bfloat16": (0x7FDB, "int16")}
 
@@ -316,9 +318,7 @@ def _run_case(task: Task, fn, case: Case, seed: int) -> float:
                 worst = max(worst, _compare(task, case, name, g, r, unwritten_here, where, again, size))
         except GradingError as err:
             if _moves(task, fn, inputs, kwargs, got):
-                raise GradingError(f"{err}\n  and: the output changed between two runs on the same inputs. A moving "
-                                   f"error is a race: a missing barrier, or shared memory read before every "
-                                   f"thread's copy landed (or overwritten while another warp still reads it).") from None
+                raise GradingError(f"{err}\n  and: {RACE}") from None
             raise
     return worst
 
