@@ -1,14 +1,9 @@
 """Command line: python -m course {doctor, grade, mutants, bench, stubs}. See README.md."""
 import argparse
-import json
-import os
-import subprocess
 import sys
 import time
 
 from . import registry
-
-GRADE_TIMEOUT_S = 600
 
 
 def _table(rows: list[tuple], header: tuple) -> str:
@@ -17,38 +12,14 @@ def _table(rows: list[tuple], header: tuple) -> str:
     return "\n".join([fmt.format(*header), fmt.format(*("-" * w for w in widths))] + [fmt.format(*map(str, r)) for r in rows])
 
 
-def grade_one(exercise_id: str) -> dict:
-    """Grade one exercise in this process; returns a JSON-able verdict."""
-    import importlib
-    from .grading import GradingError, NotImplementedYet, check
-    week = registry.week_of(exercise_id)
-    module = importlib.import_module(f"course.exercises.{week}")
-    fn = getattr(module, exercise_id.split(".")[1])
-    try:
-        report = check(exercise_id, fn, hidden=True)
-    except NotImplementedYet as err:
-        return {"status": "not implemented", "detail": str(err)}
-    except GradingError as err:
-        return {"status": "FAIL", "detail": str(err)}
-    if not report.ran:
-        return {"status": "not run", "detail": report.note}
-    worst = max(report.max_error.values(), default=0.0)
-    return {"status": "pass", "max_error": worst, "detail": f"{report.cases} cases"}
-
-
 def cmd_grade(args) -> int:
-    env = dict(os.environ, **({"COURSE_SOLUTIONS": "1"} if args.solutions else {}))
+    from .isolated import grade_exercise
     rows, failed = [], []
     for exercise_id in registry.select(args.selector):
         start = time.perf_counter()
-        try:  # a fresh process per exercise: a hang or a dead CUDA context fails one exercise only
-            proc = subprocess.run([sys.executable, "-m", "course", "_grade_one", exercise_id], env=env,
-                                  capture_output=True, text=True, timeout=GRADE_TIMEOUT_S)
-            lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-            verdict = json.loads(lines[-1]) if lines else {
-                "status": "CRASHED", "detail": (proc.stderr.strip().splitlines() or ["no output"])[-1]}
-        except subprocess.TimeoutExpired:
-            verdict = {"status": "TIMEOUT", "detail": f"no answer within {GRADE_TIMEOUT_S} s"}
+        # the submission runs in a fresh child per exercise (a hang or a dead CUDA context fails one exercise
+        # only); inputs, references and the verdict stay in this process
+        verdict = grade_exercise(exercise_id, args.solutions, args.seed, hidden=args.seed is None)
         seconds = time.perf_counter() - start
         error = f"{verdict['max_error']:.0%}" if "max_error" in verdict else "-"
         rows.append((exercise_id, verdict["status"], error, f"{seconds:.1f} s"))
@@ -108,21 +79,17 @@ def main(argv=None) -> int:
     p = sub.add_parser("grade", help="grade exercises: all, w33 or w33.<exercise>")
     p.add_argument("selector", nargs="?", default="all")
     p.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
+    p.add_argument("--seed", type=int, help="replay the cases of a failure's seed (no hidden cases)")
     p = sub.add_parser("mutants", help="prove the graders reject wrong solutions")
     p.add_argument("selector", nargs="?", default="all")
     p = sub.add_parser("bench", help="benchmark the solution kernels against their peers (GPU)")
     p.add_argument("selector", nargs="?", default="all")
     p.add_argument("--csv", help="where to write the results (default: course/results/<week>.csv)")
     sub.add_parser("stubs", help="regenerate course/exercises/ from solutions/ (overwrites your work!)")
-    p = sub.add_parser("_grade_one")
-    p.add_argument("exercise")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from .backend import doctor
         return doctor()
-    if args.command == "_grade_one":
-        print(json.dumps(grade_one(args.exercise)))
-        return 0
     return {"grade": cmd_grade, "mutants": cmd_mutants, "bench": cmd_bench, "stubs": cmd_stubs}[args.command](args)
 
 

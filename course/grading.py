@@ -1,24 +1,23 @@
-"""Grading: `check(exercise_id, fn)` runs every case of a task and explains the first failure.
+"""Grading: `check(exercise_id, fn)` runs every case of a task and explains what is wrong.
 
-Owns the guarantees of DESIGN.md's Grading section: fresh random inputs each run, poisoned
-outputs, untouched inputs, float64 references, per-dtype tolerances with their reasons, banned
-library calls, a timeout, and failure messages a learner can act on, never our traceback.
+Owns the guarantees of DESIGN.md's Grading section on the judging side: fresh random inputs each run, float64
+references on the inputs as rounded to the case's dtype, per-dtype tolerances with their reasons, and failure
+messages a learner can act on, never our traceback; after a failure, a hint chosen by diagnosing every failing case
+of that dtype together (which known bug do they match?). Running the learner's code (poison, guard bands, banned
+calls, references refused, the timeout) is course/submission.py's; `check` does both in this process, the official
+grade (course/isolated.py) runs the submission in a child that never sees a reference.
 The tasks themselves (cases, references, hints) live in course/wNN_topic/tasks.py.
 """
-import contextlib
 import secrets
-import signal
-import sys
-import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from . import backend, registry
-from .cuda import CudaCompileError, NeedsGPU
-from .stubs import MARKER, unfinished
+from . import backend, registry, submission
+from .submission import POISON_BITS, TIMEOUT_S, GradingError, NotImplementedYet, to_backend, to_float64  # noqa: F401
 
 # (atol, rtol, reason) per storage dtype. Computation is in float32 (float64 for NumPy float64).
 TOLERANCES = {
@@ -27,22 +26,9 @@ TOLERANCES = {
     "float16": (1e-5, 2e-3, "float16 output: 11-bit mantissa, one rounding of the result (unit roundoff 4.9e-4)"),
     "bfloat16": (1e-5, 1.6e-2, "bfloat16 output: 8-bit mantissa, one rounding of the result (unit roundoff 3.9e-3)"),
 }
-TIMEOUT_S = 120
 RACE = ("the output changed between two runs on the same inputs. A moving error is a race: a missing barrier, or "
         "shared memory read before every thread's copy landed (or overwritten while another warp still reads it).")
-# NaNs with a payload no arithmetic produces: an element still holding one was never written.
-POISON_BITS = {"float32": (0x7FC0BAD0, "int32"), "float16": (0x7E5B, "int16"), "bfloat16": (0x7FDB, "int16")}
-
-
-class GradingError(AssertionError):
-    """A learner-facing failure: the message says what is wrong; no grader traceback is shown."""
-
-    def _render_traceback_(self):  # IPython prints this instead of a traceback
-        return [f"\x1b[31mGradingError\x1b[0m: {self}"]
-
-
-class NotImplementedYet(GradingError):
-    pass
+OFFICIAL = "This check ran in your notebook's process; the official grade is `make grade` (`python -m course grade`)."
 
 
 @dataclass
@@ -107,57 +93,6 @@ class Report:
         return "\n".join(lines)
 
 
-def check(exercise_id: str, fn, seed: int | None = None, hidden: bool = False) -> Report:
-    task = registry.task(exercise_id)
-    seed = secrets.randbelow(2**31) if seed is None else seed
-    try:
-        return _run(task, fn, seed, hidden)
-    except GradingError as err:
-        raise type(err)(str(err)).with_traceback(None) from None
-
-
-def _run(task: Task, fn, seed: int, hidden: bool) -> Report:
-    module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    for name in task.regions:
-        obj = getattr(module, name, None) if module else None
-        if obj is not None and unfinished(obj):
-            raise NotImplementedYet(f"{task.id} is not implemented yet: `{name}` still contains `{MARKER}`. "
-                                    f"Write your code there (and delete that line), then run this cell again.")
-    report = Report(task.id)
-    if task.backend == "cuda":
-        note = _cuda_resources(task, module)
-        if not backend.ON_GPU:
-            return Report(task.id, ran=False, note=f"compiled with NVRTC ({note}); not run: a CuPy kernel needs a GPU")
-        report.note = note
-    rng = np.random.default_rng(seed)
-    cases = task.cases(rng, task.graded_dtypes())
-    if hidden:
-        cases += task.cases(np.random.default_rng(secrets.randbelow(2**31)), task.graded_dtypes())
-    start = time.perf_counter()
-    for case in cases:
-        err = _run_case(task, fn, case, seed)
-        report.max_error[case.dtype] = max(report.max_error.get(case.dtype, 0.0), err)
-        report.tolerances[case.dtype] = TOLERANCES[case.dtype]
-        if case.tolerance:
-            report.tolerances[f"{case.dtype}, {case.name}"] = case.tolerance
-    if task.gpu_check and backend.ON_GPU:
-        with _timeout(TIMEOUT_S):
-            task.gpu_check(fn)
-    report.cases, report.seconds = len(cases), time.perf_counter() - start
-    return report
-
-
-def _cuda_resources(task: Task, module) -> str:
-    sources = [getattr(module, r) for r in task.regions if isinstance(getattr(module, r, None), str)]
-    try:
-        from .cuda import compile_report
-        kernel = task.id.split(".")[1]
-        reports = [r for src in sources for r in compile_report(src, kernel, tuple(task.dtypes))]
-    except CudaCompileError as err:
-        raise GradingError(f"{task.id}: your CUDA C does not compile.\n{err}") from None
-    return "; ".join(str(r) for r in reports)
-
-
 def exact(reference):
     """A reference that returns plain numbers (counts, bounds) as the float64 arrays the grader compares."""
     return lambda **kw: tuple(np.asarray(x, dtype=np.float64) for x in reference(**kw))
@@ -182,165 +117,163 @@ def closest_bug(got: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | 
                 best, best_err = hint, err
     return best
 
-
-def _to_backend(task: Task, array: np.ndarray, dtype: str, strided: bool = False):
-    """`array` cast to `dtype` for the task's backend; with `strided`, as a view whose storage has
-    axes -3 and -2 swapped (a (B, N, H, d) buffer seen as (B, H, N, d)), so it is not contiguous."""
-    swap = strided and array.ndim >= 3
-    if swap:
-        array = np.swapaxes(array, -3, -2)
-    if task.backend == "numpy":
-        cast = np.ascontiguousarray(array.astype(dtype))
-        return np.swapaxes(cast, -3, -2) if swap else cast
-    import torch
-    cast = torch.from_numpy(np.ascontiguousarray(array)).to(device=backend.DEVICE, dtype=getattr(torch, dtype))
-    return cast.transpose(-3, -2) if swap else cast
+def spec_of(task: "Task") -> submission.Spec:
+    return submission.Spec(task.id, task.backend, task.regions, task.graded_dtypes(), task.banned, task.writes_out)
 
 
-def _kwargs_to_backend(task: Task, kwargs: dict) -> dict:
-    if task.backend == "numpy":
-        return {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in kwargs.items()}
-    import torch
-    return {k: torch.from_numpy(v.copy()).to(backend.DEVICE) if isinstance(v, np.ndarray) else v
-            for k, v in kwargs.items()}
+class LocalRunner:
+    """Runs the submission in this process (the notebook's `check`). course/isolated.py has the same three methods
+    and runs them in a child process."""
+
+    def __init__(self, task: "Task", fn):
+        self.spec, self.fn = spec_of(task), fn
+        self.gpu_check = task.gpu_check
+
+    def begin(self) -> tuple[bool, str]:
+        return submission.begin(self.spec, self.fn)
+
+    def run(self, trial: "Trial") -> submission.Outcome:
+        return submission.run(self.spec, self.fn, trial.call)
+
+    def finish(self, launches: list) -> str:
+        from . import triton_ptx
+        if self.gpu_check and backend.ON_GPU:
+            with submission.references_refused(self.fn), submission.timeout(TIMEOUT_S):
+                self.gpu_check(self.fn)
+        return triton_ptx.gpu_compile_errors(launches)
 
 
-def _to_float64(value) -> np.ndarray:
-    if hasattr(value, "detach"):
-        return value.detach().float().cpu().numpy().astype(np.float64)
-    return np.asarray(value, dtype=np.float64)
-
-
-def _poisoned_like(x, shape):
-    import torch
-    bits, int_type = POISON_BITS[str(x.dtype).removeprefix("torch.")]
-    return torch.full(tuple(shape), bits, dtype=getattr(torch, int_type), device=x.device).view(x.dtype)
-
-
-@contextlib.contextmanager
-def _poisoned_allocations(task: Task):
-    """While the learner's launcher runs, torch.empty and torch.empty_like hand out tensors filled with the poison:
-    an output it allocates and never writes (a mean, an LSE, a whole result) is then caught like `out`."""
-    if task.backend == "numpy":
-        yield
-        return
-    import torch
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poisoned(make):
-        def allocate(*args, **kwargs):
-            t = make(*args, **kwargs)
-            name = str(t.dtype).removeprefix("torch.")
-            if name in POISON_BITS and t.numel():
-                bits, int_type = POISON_BITS[name]
-                t.view(getattr(torch, int_type)).fill_(bits)
-            return t
-        return allocate
-    torch.empty, torch.empty_like = poisoned(empty), poisoned(empty_like)
+def check(exercise_id: str, fn, seed: int | None = None, hidden: bool = False) -> Report:
+    task = registry.task(exercise_id)
     try:
-        yield
-    finally:
-        torch.empty, torch.empty_like = empty, empty_like
+        return grade(task, LocalRunner(task, fn), seed, hidden, name=getattr(fn, "__name__", "fn"), official=False)
+    except GradingError as err:
+        raise type(err)(str(err)).with_traceback(None) from None
 
 
-def _never_written(value):
-    """Where a returned tensor still holds the poison (None for anything else)."""
-    name = str(getattr(value, "dtype", "")).removeprefix("torch.")
-    if not hasattr(value, "detach") or name not in POISON_BITS:
-        return None
-    import torch
-    bits, int_type = POISON_BITS[name]
-    return (value.detach().view(getattr(torch, int_type)) == bits).cpu().numpy()
+@dataclass
+class Trial:
+    """One case, ready: `call` is all the submission side sees; the reference stays here."""
+    case: Case
+    call: submission.CaseCall
+    ref: tuple
+    scales: tuple
 
 
-def _run_case(task: Task, fn, case: Case, seed: int) -> float:
+def prepare(task: Task, case: Case, seed: int, name: str, official: bool) -> Trial:
+    """Inputs rounded to the case's dtype (on the CPU: rounding is the same everywhere) and the reference on them."""
     where = f'{task.id} failed on case "{case.name}" ({case.dtype})'
-    again = f'reproduce with: course.check("{task.id}", {getattr(fn, "__name__", "fn")}, seed={seed})'
-    inputs = tuple(_to_backend(task, a, case.dtype, case.strided) for a in case.inputs)
-    kwargs = _kwargs_to_backend(task, case.kwargs)
-    ref = task.reference(*(_to_float64(a) for a in inputs), **case.kwargs)
-    scales = task.scale(*(_to_float64(a) for a in inputs), **case.kwargs) if task.scale else (None,) * len(ref)
-    before = [_to_float64(a).copy() for a in inputs]
-    out = None
-    if task.writes_out:
-        shape = task.out_shape(*(a.shape for a in inputs)) if task.out_shape else inputs[0].shape
-        out = _poisoned_like(inputs[0], shape)
+    again = (f"reproduce with: python -m course grade {task.id} --seed {seed}" if official else
+             f'reproduce with: course.check("{task.id}", {name}, seed={seed})')
+    rounded = tuple(to_float64(to_backend(task.backend, a, case.dtype, case.strided, device="cpu"))
+                    for a in case.inputs)
+    ref = task.reference(*rounded, **case.kwargs)
+    scales = task.scale(*rounded, **case.kwargs) if task.scale else (None,) * len(ref)
+    shapes = tuple(a.shape for a in rounded)
+    out_shape = (tuple(task.out_shape(*shapes)) if task.out_shape else shapes[0]) if task.writes_out else None
+    call = submission.CaseCall(rounded, case.dtype, case.strided, case.kwargs, out_shape, where, again)
+    return Trial(case, call, ref, scales)
+
+
+def grade(task: Task, runner, seed: int | None, hidden: bool, name: str, official: bool) -> Report:
+    """Every case of `task` through `runner`; a GradingError for the first failing case, with the hint diagnosed
+    from every failing case of its dtype."""
+    seed = secrets.randbelow(2**31) if seed is None else seed
+    ran, note = runner.begin()
+    if not ran:
+        return Report(task.id, ran=False, note=note)
+    report = Report(task.id, note=note)
+    seeds = [seed] + ([secrets.randbelow(2**31)] if hidden else [])  # the hidden cases have a seed of their own
+    cases = [(case, s) for s in seeds for case in task.cases(np.random.default_rng(s), task.graded_dtypes())]
+    start, launches, failures = time.perf_counter(), [], []
+    for case, case_seed in cases:
+        if failures and case.dtype != failures[0].trial.case.dtype:
+            continue  # diagnosis looks at the failing dtype's cases only
+        trial = prepare(task, case, case_seed, name, official)
+        outcome = runner.run(trial)
+        launches += [launch for launch in outcome.launches if launch not in launches]
+        result = judge(task, trial, outcome)
+        if isinstance(result, Mismatch):
+            if not failures and _moves(runner, trial, outcome):
+                result.extra = RACE
+            failures.append(result)
+            continue
+        report.max_error[case.dtype] = max(report.max_error.get(case.dtype, 0.0), result)
+        report.tolerances[case.dtype] = TOLERANCES[case.dtype]
+        if case.tolerance:
+            report.tolerances[f"{case.dtype}, {case.name}"] = case.tolerance
+    if failures:
+        raise GradingError(failures[0].message(_diagnosis(failures)))
+    problem = runner.finish(launches)
+    if problem:
+        raise GradingError(f"{task.id}: every case passed in the CPU interpreter, but your kernel does not compile "
+                           f"for a GPU (Triton, sm_90), so it would fail there:\n{problem}")
+    report.cases, report.seconds = len(cases), time.perf_counter() - start
+    if not official:
+        report.note = "\n    ".join(filter(None, [report.note, OFFICIAL]))
+    return report
+
+
+def _diagnosis(failures: list) -> str | None:
+    """The hint most failing cases agree on (never-written elements first: the poison does not guess)."""
+    hints = [f.hint for f in failures if f.hint]
+    written = [h for h in hints if "never written" in h or "past the end" in h or "before the start" in h]
+    if written:
+        return written[0]
+    counts = Counter(hints)
+    return max(counts, key=lambda h: (counts[h], -hints.index(h))) if counts else failures[0].fallback
+
+
+def _moves(runner, trial: Trial, first: submission.Outcome) -> bool:
+    """On a GPU, after a failure: does a second run on the same inputs give other outputs? (A race's signature;
+    the CPU interpreter runs programs one after another and cannot show one.)"""
+    if runner.spec.backend == "numpy" or not backend.ON_GPU:
+        return False
     try:
-        with _banned(task.banned), _timeout(TIMEOUT_S), np.errstate(all="ignore"), _poisoned_allocations(task):
-            got = fn(*inputs, out=out, **kwargs) if task.writes_out else fn(*inputs, **kwargs)
-            if task.backend != "numpy" and backend.ON_GPU:
-                import torch
-                torch.cuda.synchronize()
-    except GradingError:
-        raise
-    except NotImplementedError:
-        raise NotImplementedYet(f"{task.id} is not implemented yet (it raised NotImplementedError).") from None
-    except NeedsGPU as exc:
-        raise GradingError(f"{where}: {exc}") from None
-    except Exception as exc:  # the learner's code raised: show their error, not ours
-        raise GradingError(f"{where}: your code raised {type(exc).__name__}: {exc}\n  {again}") from None
-    except SystemExit as exc:
-        raise GradingError(f"{where}: your code called exit ({exc.code}); return the result instead.") from None
-    except KeyboardInterrupt:
-        raise GradingError(f"{where}: interrupted while your code ran (a kernel that never finishes?). Try the "
-                           f"case on its own with small sizes.\n  {again}") from None
-    for i, (a, b) in enumerate(zip(before, inputs)):
-        if not np.array_equal(a, _to_float64(b), equal_nan=True):
-            raise GradingError(f"{where}: input {i} was modified. Write results to a new array or `out`.")
-    if task.writes_out:
-        import torch
-        _, int_type = POISON_BITS[case.dtype]
-        unwritten = (out.view(getattr(torch, int_type)) == POISON_BITS[case.dtype][0]).cpu().numpy()
-        more = got[1:] if isinstance(got, tuple) else ()
-        if isinstance(got, tuple) and not (isinstance(got[0], torch.Tensor) and got[0].data_ptr() == out.data_ptr()):
-            raise GradingError(f"{where}: the first output must be the `out` tensor you were given (write into it).")
-        got = (out, *more)
-    else:
-        several = isinstance(got, (tuple, list)) and len(ref) > 1 and len(got) == len(ref)
-        got = tuple(got) if several or isinstance(got, tuple) else (got,)
-        unwritten = None
+        again = runner.run(trial)
+    except GradingError:  # the first run's failure is the one to report
+        return False
+    return any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(first.outputs, again.outputs))
+
+
+@dataclass
+class Mismatch:
+    """A case whose output is wrong: the message without its hint, and the hint this case alone suggests."""
+    lines: list
+    tail: list
+    hint: str | None
+    fallback: str | None
+    trial: Trial
+    extra: str = ""
+
+    def message(self, hint: str | None) -> str:
+        lines = self.lines + ([f"  hint: {hint}"] if hint else []) + self.tail
+        return "\n".join(lines + ([f"  and: {self.extra}"] if self.extra else []))
+
+
+def judge(task: Task, trial: Trial, outcome: submission.Outcome):
+    """The largest error as a share of the tolerance, or a Mismatch; a GradingError for outputs of the wrong
+    number or shape."""
+    call, ref = trial.call, trial.ref
+    if outcome.stray:
+        raise GradingError(f"{call.where}: your code {outcome.stray}\n  {call.again}")
+    got = outcome.outputs
     if len(got) != len(ref):
-        raise GradingError(f"{where}: expected {len(ref)} outputs ({', '.join(task.outputs)}), got {len(got)}.")
+        raise GradingError(f"{call.where}: expected {len(ref)} outputs ({', '.join(task.outputs)}), got {len(got)}.")
     worst = 0.0
-    unwritten = [unwritten if i == 0 and unwritten is not None else _never_written(g) for i, g in enumerate(got)]
-    try:
-        got = [_to_float64(g) for g in got]
-    except (TypeError, ValueError) as exc:
-        kinds = ", ".join(type(g).__name__ for g in got)
-        raise GradingError(f"{where}: the outputs must be numbers (NumPy arrays, tensors or numbers: "
-                           f"{', '.join(task.outputs)}); got {kinds} ({exc}).") from None
-    for i, (name, g, r, size) in enumerate(zip(task.outputs, got, ref, scales)):
+    for name, g, r, unwritten, size in zip(task.outputs, got, ref, outcome.unwritten, trial.scales):
         if g.shape != r.shape:
-            raise GradingError(f"{where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
-        unwritten_here = unwritten[i]
-        try:
-            with np.errstate(all="ignore"):
-                worst = max(worst, _compare(task, case, name, g, r, unwritten_here, where, again, size))
-        except GradingError as err:
-            if _moves(task, fn, inputs, kwargs, got):
-                raise GradingError(f"{err}\n  and: {RACE}") from None
-            raise
+            raise GradingError(f"{call.where}: output `{name}` has shape {g.shape}, expected {r.shape}.")
+        with np.errstate(all="ignore"):
+            result = _compare(task, trial, name, g, r, unwritten, size)
+        if isinstance(result, Mismatch):
+            return result
+        worst = max(worst, result)
     return worst
 
 
-def _moves(task: Task, fn, inputs, kwargs, first) -> bool:
-    """On a GPU, after a failure: does a second run on the same inputs give other outputs? (A race's signature;
-    the CPU interpreter runs programs one after another and cannot show one.)"""
-    if task.backend == "numpy" or not backend.ON_GPU:
-        return False
-    try:
-        with _banned(task.banned), _timeout(TIMEOUT_S), np.errstate(all="ignore"):
-            if task.writes_out:
-                again = fn(*inputs, out=_poisoned_like(inputs[0], first[0].shape), **kwargs)
-            else:
-                again = fn(*inputs, **kwargs)
-    except Exception:  # noqa: BLE001 - the first run's failure is the one to report
-        return False
-    again = again if isinstance(again, tuple) else (again,)
-    return any(not np.array_equal(a, _to_float64(b), equal_nan=True) for a, b in zip(first, again))
-
-
-def _compare(task, case, name, got, ref, unwritten, where, again, size=None) -> float:
+def _compare(task, trial, name, got, ref, unwritten, size=None):
+    case, call = trial.case, trial.call
     atol, rtol, why = case.tolerance or TOLERANCES[case.dtype]
     finite = np.isfinite(ref)
     err = np.where(finite, np.abs(got - ref), np.where(got == ref, 0.0, np.inf))
@@ -354,7 +287,7 @@ def _compare(task, case, name, got, ref, unwritten, where, again, size=None) -> 
     if not bad.any():
         return float(np.max(err / allowed, initial=0.0))
     first = tuple(int(i) for i in np.argwhere(bad)[0])
-    lines = [f"{where}: output `{name}` is wrong at {int(bad.sum())} of {bad.size} elements.",
+    lines = [f"{call.where}: output `{name}` is wrong at {int(bad.sum())} of {bad.size} elements.",
              f"  first wrong element {list(first)} of shape {list(ref.shape)}: got {_pair(got[first], ref[first])}"]
     hint = None
     if unwritten is not None and unwritten.any():
@@ -362,12 +295,11 @@ def _compare(task, case, name, got, ref, unwritten, where, again, size=None) -> 
         hint = (f"{int(unwritten.sum())} elements were never written (first at {idx}): does the grid "
                 f"cover every row, and does the mask reach the last, partial block?")
     case.output = name
-    hint = hint or (task.hint(case, got, ref) if task.hint else None) or _location_hint(bad)
-    if hint:
-        lines.append(f"  hint: {hint}")
-    lines.append(f"  tolerance: |got - expected| <= {atol:g} + {rtol:g}·|expected| ({why})")
-    lines.append(f"  {again}")
-    raise GradingError("\n".join(lines))
+    hint = hint or (task.hint(case, got, ref) if task.hint else None)
+    tail = [f"  tolerance: |got - expected| <= {atol:g} + {rtol:g}·|expected| ({why})", f"  {call.again}"]
+    return Mismatch(lines, tail, hint, _location_hint(bad), trial)
+
+
 
 
 def _number(x: float, digits: int) -> str:
@@ -392,110 +324,3 @@ def _location_hint(bad: np.ndarray) -> str | None:
     if cols.all() and not rows.all() and rows[-1]:
         return f"only rows from {int(np.argmax(rows))} on are wrong: does the grid cover every row?"
     return None
-
-
-@contextlib.contextmanager
-def _timeout(seconds: int):
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def expire(*_):
-        raise GradingError(f"your code ran for more than {seconds} s: an endless loop, or a kernel that "
-                           f"waits for something that never happens?")
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-# aten operators (the names the dispatcher sees, after PyTorch's Python layer and any alias) of each family an
-# exercise may ban; a banned Python name of the family bans them all.
-ATEN_FAMILIES = {
-    "softmax": ("softmax", "_softmax", "log_softmax", "_log_softmax", "_safe_softmax", "special_softmax"),
-    "layer_norm": ("layer_norm", "native_layer_norm"),
-    "rms_norm": ("rms_norm", "_fused_rms_norm"),
-    "scaled_dot_product": ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
-                           "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
-                           "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
-                           "_efficient_attention_forward", "_scaled_dot_product_attention_math"),
-    "matmul": ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "_addmm_activation", "einsum"),
-}
-_MATMUL_NAMES = ("matmul", "bmm", "einsum", "__matmul__", "baddbmm", "mm")
-
-
-def _aten_banned(names: tuple[str, ...]) -> dict:
-    """aten operator -> its family, for the families the banned Python names belong to."""
-    ops = {}
-    for dotted in names:
-        leaf = dotted.rsplit(".", 1)[-1]
-        for family, members in ATEN_FAMILIES.items():
-            if family in leaf or (family == "matmul" and leaf in _MATMUL_NAMES) or \
-                    (family == "scaled_dot_product" and "multi_head_attention" in leaf):
-                ops.update({op: family.replace("_", " ") for op in members})
-    return ops
-
-
-@contextlib.contextmanager
-def _dispatch_guard(names: tuple[str, ...]):
-    """Refuse the banned families where PyTorch runs them, at the dispatcher: an alias bound at import time, a
-    private or `torch.ops.aten` entry point or a method all arrive there as the same aten operator."""
-    ops = _aten_banned(names)
-    if not ops or "torch" not in sys.modules:
-        yield
-        return
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Guard(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if name in ops:
-                raise GradingError(f"this exercise asks you to write it yourself: your code ran PyTorch's "
-                                   f"`aten.{name}`, a {ops[name]} operator (whatever name it was called by).")
-            return func(*args, **(kwargs or {}))
-    with Guard():
-        yield
-
-
-@contextlib.contextmanager
-def _banned(names: tuple[str, ...]):
-    """Replace library functions the exercise asks the learner to write with ones that fail, and refuse their
-    operators at PyTorch's dispatcher (_dispatch_guard)."""
-    with _dispatch_guard(names), _named(names):
-        yield
-
-
-@contextlib.contextmanager
-def _named(names: tuple[str, ...]):
-    saved = []
-    for dotted in names:
-        module_name, attr = dotted.rsplit(".", 1)
-        try:
-            owner = _resolve(module_name)
-        except (ImportError, AttributeError):
-            continue
-        saved.append((owner, attr, getattr(owner, attr)))
-
-        def refuse(*_, _name=dotted, **__):
-            raise GradingError(f"this exercise asks you to write it yourself: calling `{_name}` is not allowed here.")
-        setattr(owner, attr, refuse)
-    try:
-        yield
-    finally:
-        for owner, attr, original in reversed(saved):
-            setattr(owner, attr, original)
-
-
-def _resolve(dotted: str):
-    import importlib
-    parts = dotted.split(".")
-    obj = importlib.import_module(parts[0])
-    for i, part in enumerate(parts[1:], start=1):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            obj = importlib.import_module(".".join(parts[:i + 1]))
-    return obj

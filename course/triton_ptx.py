@@ -2,7 +2,9 @@
 (no GPU needed) and the instructions that matter counted in its PTX.
 
 Owns: compiling in a separate process (on a machine without a GPU, `import course` switches Triton to its
-interpreter, whose kernels cannot be compiled) and the call into Triton's compiler.
+interpreter, whose kernels cannot be compiled) and the call into Triton's compiler, for the solutions' kernels
+(hopper_ptx, shown in the lessons) and for the kernels a graded submission launched (gpu_compile_errors: what a GPU
+would reject is rejected on a CPU too).
 """
 import functools
 import json
@@ -60,3 +62,66 @@ def hopper_ptx(week: str, kernel: str, types: dict, constexprs: dict, num_warps:
 
 def instruction_counts(ptx: str) -> dict:
     return {name: ptx.count(mnemonic) for name, mnemonic in INSTRUCTIONS.items()}
+
+
+# Compile each launch the interpreter saw (course/memcheck.Launch) for sm_90; print what the compiler said, per launch.
+_CHECK = """
+import importlib.util, json, os, sys
+import course.backend
+os.environ.pop("TRITON_INTERPRET", None)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+modules, problems = {}, []
+for path, kernel, types, constexprs, warps in json.loads(sys.stdin.read()):
+    try:  # a module that cannot be loaded on its own here is not the learner's compile error: skip it
+        if path not in modules:
+            spec = importlib.util.spec_from_file_location("_gpu_target_" + str(len(modules)), path)
+            modules[path] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(modules[path])
+        fn = getattr(modules[path], kernel)
+    except Exception:
+        continue
+    try:
+        while not isinstance(fn, triton.runtime.JITFunction) and hasattr(fn, "fn"):
+            fn = fn.fn
+        types = dict(types)
+        constexprs = {n: triton.language.dtype(v[9:]) if isinstance(v, str) and v.startswith("tl.dtype:") else v
+                      for n, v in constexprs}
+        signature = {name: types.get(name, "constexpr" if name in constexprs else "i32") for name in fn.arg_names}
+        source = ASTSource(fn=fn, signature=signature,
+                           constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    except Exception as exc:
+        problems.append(str(exc).strip() or type(exc).__name__)
+        break
+sys.stdout.write(json.dumps(problems))
+"""
+GPU_COMPILE_TIMEOUT_S = 300
+
+
+def gpu_compile_errors(launches: list) -> str:
+    """What Triton's compiler says when the kernels of these interpreter launches are compiled for sm_90 ("" when
+    they compile, or when there is nothing to compile). One launch per kernel and argument types is compiled."""
+    unique, seen = [], set()
+    for launch in launches:
+        key = (launch.path, launch.kernel, launch.types)
+        if key not in seen and launch.path.endswith(".py") and launch.constexprs is not None:
+            seen.add(key)
+            unique.append((launch.path, launch.kernel, launch.types, launch.constexprs, launch.num_warps))
+    if not unique:
+        return ""
+    stamps = tuple(Path(path).stat().st_mtime_ns for path, *_ in unique)
+    return _compile_for_gpu(json.dumps(unique), stamps)
+
+
+@functools.lru_cache(maxsize=256)
+def _compile_for_gpu(launches: str, _stamps: tuple) -> str:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _CHECK], input=launches, capture_output=True, text=True, env=env,
+                          timeout=GPU_COMPILE_TIMEOUT_S)
+    if proc.returncode:
+        return ""  # the compiler itself could not start here: nothing to say about the learner's kernel
+    problems = json.loads(proc.stdout or "[]")
+    return "\n".join(problems[:1])
