@@ -13,13 +13,14 @@ def _table(rows: list[tuple], header: tuple) -> str:
 
 
 def cmd_grade(args) -> int:
-    from .isolated import grade_exercise
+    from .isolated import exercise_file, grade_exercise
     rows, failed = [], []
     for exercise_id in registry.select(args.selector):
         start = time.perf_counter()
         # the submission runs in a fresh child per exercise (a hang or a dead CUDA context fails one exercise
         # only); inputs, references and the verdict stay in this process
-        verdict = grade_exercise(exercise_id, args.solutions, args.seed, hidden=args.seed is None)
+        source = exercise_file(registry.week_of(exercise_id), args.solutions, args.exercises)
+        verdict = grade_exercise(exercise_id, source, args.seed, hidden=args.seed is None)
         seconds = time.perf_counter() - start
         error = f"{verdict['max_error']:.0%}" if "max_error" in verdict else "-"
         rows.append((exercise_id, verdict["status"], error, f"{seconds:.1f} s"))
@@ -80,6 +81,7 @@ def main(argv=None) -> int:
     p.add_argument("selector", nargs="?", default="all")
     p.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
     p.add_argument("--seed", type=int, help="replay the cases of a failure's seed (no hidden cases)")
+    p.add_argument("--exercises", metavar="DIR", help="grade the wNN_topic.py files in DIR instead of course/exercises")
     p = sub.add_parser("mutants", help="prove the graders reject wrong solutions")
     p.add_argument("selector", nargs="?", default="all")
     p = sub.add_parser("bench", help="benchmark the solution kernels against their peers (GPU)")

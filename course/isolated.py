@@ -19,12 +19,14 @@ import struct
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
 from . import submission
 from .submission import FORBIDDEN, TIMEOUT_S, GradingError, NotImplementedYet
 
+ROOT = Path(__file__).resolve().parent.parent
 ANSWER_MARGIN_S = 60  # beyond the child's own timeout, before the parent gives up on it
 
 
@@ -105,17 +107,16 @@ def _read(fd: int, deadline_s: float | None = None):
 class IsolatedRunner:
     """grading.LocalRunner's three methods, each answered by a child process that holds the submission."""
 
-    def __init__(self, task, week: str, solutions: bool = False):
+    def __init__(self, task, source: Path):
         from .grading import spec_of
         self.spec, self.task = spec_of(task), task
-        env = dict(os.environ, **({"COURSE_SOLUTIONS": "1"} if solutions else {}))
-        env.pop("PYTHONSTARTUP", None)
+        env = {k: v for k, v in os.environ.items() if k not in ("COURSE_SOLUTIONS", "PYTHONSTARTUP")}
         to_child, self._out = os.pipe()
         self._in, from_child = os.pipe()
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "course.isolated", str(to_child), str(from_child), week,
-             task.id.split(".")[1]], pass_fds=(to_child, from_child), env=env,
+            [sys.executable, "-m", "course.isolated", str(to_child), str(from_child), str(source),
+             task.id.split(".")[1]], pass_fds=(to_child, from_child), env=env, cwd=ROOT,
             stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT)
         os.close(to_child)
         os.close(from_child)
@@ -179,13 +180,21 @@ class IsolatedRunner:
         self._log.close()
 
 
-def grade_exercise(exercise_id: str, solutions: bool = False, seed: int | None = None,
-                   hidden: bool = True) -> dict:
-    """The official verdict of one exercise, as a JSON-able dict."""
+def exercise_file(week: str, solutions: bool = False, folder: str | None = None) -> Path:
+    """The file a week's exercises are graded from: the learner's (course/exercises/), the reference solutions, or
+    a folder holding someone's wNN_topic.py files (a class's submissions)."""
+    base = Path(folder) if folder else ROOT / ("solutions" if solutions else "course/exercises")
+    return (base / f"{week}.py").resolve()
+
+
+def grade_exercise(exercise_id: str, source: Path, seed: int | None = None, hidden: bool = True) -> dict:
+    """The official verdict of one exercise graded from the exercise file `source`, as a JSON-able dict."""
     from . import registry
     from .grading import grade
     task = registry.task(exercise_id)
-    runner = IsolatedRunner(task, registry.week_of(exercise_id), solutions)
+    if not source.exists():
+        return {"status": "missing", "detail": f"{exercise_id}: no file {source}"}
+    runner = IsolatedRunner(task, source)
     try:
         report = grade(task, runner, seed, hidden, name=exercise_id.split(".")[1], official=True)
     except NotImplementedYet as err:
@@ -213,14 +222,15 @@ class _Refuse(importlib.abc.MetaPathFinder):
         return None
 
 
-def _serve(fd_in: int, fd_out: int, week: str, name: str) -> None:
+def _serve(fd_in: int, fd_out: int, source: str, name: str) -> None:
     sys.meta_path.insert(0, _Refuse())
+    week = Path(source).stem
     state = {}
 
     def load():
         if "fn" not in state:
             try:
-                module = importlib.import_module(f"course.exercises.{week}")
+                module = _import_exercise(source, week)
             except ImportError as exc:
                 raise GradingError(f"{week}: your exercise module could not be imported: {exc}") from None
             except Exception as exc:  # noqa: BLE001 - the learner's module raised while importing
@@ -259,6 +269,17 @@ def _serve(fd_in: int, fd_out: int, week: str, name: str) -> None:
         except GradingError as exc:
             answer = {"error": "fail", "message": str(exc)}
         _write(fd_out, answer)
+
+
+def _import_exercise(source: str, week: str):
+    """The exercise file loaded as `course.exercises.<week>`, whatever folder it comes from."""
+    import importlib.util
+    name = f"course.exercises.{week}"
+    spec = importlib.util.spec_from_file_location(name, source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

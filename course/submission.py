@@ -176,7 +176,7 @@ def begin(spec: Spec, fn) -> tuple[bool, str]:
         if obj is not None and unfinished(obj):
             raise NotImplementedYet(f"{spec.exercise} is not implemented yet: `{name}` still contains `{MARKER}`. "
                                     f"Write your code there (and delete that line), then run this cell again.")
-    found = forbidden_imports(fn)
+    found = forbidden_imports(spec, fn)
     if found:
         raise GradingError(f"{spec.exercise}: your exercise code imports {', '.join(f'`{m}`' for m in found)}, part "
                            f"of the course's own answers (references, tasks, solutions, the grader). The exercise "
@@ -278,17 +278,22 @@ def _stray_writes(storage, out, allocated) -> str:
 
 # ---- references refused -------------------------------------------------------------------------------------------
 
-def forbidden_imports(fn) -> list[str]:
-    """Modules of the course's answers that the learner's exercise file defining `fn` has imported (names bound in
-    its globals). Code defined elsewhere (a notebook cell, a test) is covered while it runs by references_refused."""
+def forbidden_imports(spec: Spec, fn) -> list[str]:
+    """The course's answers the learner's exercise file has imported (names bound in its globals), or that `fn`
+    itself is. The exercise file is the module `course.exercises.wNN_*` that holds `fn` (or defines it). Code
+    defined elsewhere (a notebook cell, a test) is covered while it runs by references_refused."""
     own = getattr(fn, "__module__", "") or ""
-    if not own.startswith("course.exercises."):
-        return []
+    if _REFERENCES.match(own) and not own.startswith("solutions."):
+        return [own]
+    week = spec.exercise.split(".")[0] + "_"
+    files = [m for name, m in list(sys.modules.items()) if name.startswith("course.exercises." + week)
+             and m is not None and (getattr(m, spec.exercise.split(".")[1], None) is fn or name == own)]
     found = set()
-    for value in getattr(getattr(fn, "fn", fn), "__globals__", {}).values():
-        name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
-        if isinstance(name, str) and name != own and FORBIDDEN.match(name):
-            found.add(name)
+    for module in files:
+        for value in vars(module).values():
+            name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+            if isinstance(name, str) and name != module.__name__ and FORBIDDEN.match(name):
+                found.add(name)
     return sorted(found)
 
 

@@ -12,7 +12,7 @@ from course.stubs import ROOT
 def load_copy(path: str, name: str):
     """The module at `path` loaded under a name of its own: the grader refuses calls into the course's solutions
     (`solutions.*`), but a learner's copy of a solution is their code."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / path)
+    spec = importlib.util.spec_from_file_location(name, ROOT / path)  # ROOT / an absolute path is that path
     module = importlib.util.module_from_spec(spec)
     import sys
     sys.modules[spec.name] = module
@@ -214,3 +214,87 @@ def test_a_banned_operator_is_caught_at_the_dispatcher_whatever_its_name(cheat):
            "method": lambda x: torch.Tensor.softmax(x, -1)}[cheat]
     with pytest.raises(grading.GradingError, match="aten._softmax|write it yourself"):
         course.check("w33.triton_softmax", lambda x, out=None: out.copy_(run(x)) if out is not None else run(x))
+
+
+def test_a_reference_of_the_course_is_refused_whatever_name_it_has():
+    from course.w33_softmax.reference import softmax as my_softmax  # an alias bound before grading
+
+    with pytest.raises(grading.GradingError, match="course's own answers"):
+        course.check("w33.stable_softmax", lambda x: my_softmax(x))
+    assert np.allclose(my_softmax(np.zeros((1, 2))), 0.5)  # and it works again afterwards
+
+
+def test_an_exercise_file_that_imports_a_reference_is_refused(tmp_path):
+    (tmp_path / "w33_softmax.py").write_text("from course.w33_softmax.reference import softmax as stable_softmax\n"
+                                             "from solutions.w33_softmax import triton_softmax\n")
+    module = load_copy(tmp_path / "w33_softmax.py", "course.exercises.w33_softmax_someone")
+    with pytest.raises(grading.GradingError, match="imports `course.w33_softmax.reference`"):
+        course.check("w33.stable_softmax", module.stable_softmax)
+    with pytest.raises(grading.GradingError, match="imports .*`solutions.w33_softmax`"):
+        course.check("w33.triton_softmax", module.triton_softmax)
+
+
+TRITON_BUGS = '''
+import triton, triton.language as tl
+SCALE = 1.0
+
+@triton.jit
+def reads_a_global(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32) * SCALE
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(y_ptr + row * n_cols + cols, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+@triton.jit
+def unmasked_load(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.where(cols < n_cols, tl.load(x_ptr + row * n_cols + cols).to(tl.float32), -float("inf"))
+    e = tl.exp(x - tl.max(x, axis=0))
+    tl.store(y_ptr + row * n_cols + cols, (e / tl.sum(e, axis=0)).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+
+def launcher(kernel):
+    def triton_softmax(x, out=None):
+        x2, o2 = x.reshape(-1, x.shape[-1]), out.view(-1, x.shape[-1])
+        kernel[(x2.shape[0],)](x2, o2, x2.shape[1], BLOCK=max(16, triton.next_power_of_2(x2.shape[1])))
+        return out
+    return triton_softmax
+'''
+
+
+@pytest.fixture(scope="module")
+def triton_bugs(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bugs") / "triton_bugs.py"
+    path.write_text(TRITON_BUGS)
+    return load_copy(path, "triton_bugs_under_test")
+
+
+def test_an_unmasked_load_is_caught_in_the_interpreter(triton_bugs):
+    with pytest.raises(grading.GradingError, match="loaded .* past the end of `x_ptr`.*mask the load"):
+        course.check("w33.triton_softmax", triton_bugs.launcher(triton_bugs.unmasked_load))
+
+
+def test_a_kernel_the_gpu_compiler_rejects_is_rejected_on_cpu(triton_bugs):
+    with pytest.raises(grading.GradingError, match="does not compile for a GPU(.|\n)*global variable SCALE"):
+        course.check("w33.triton_softmax", triton_bugs.launcher(triton_bugs.reads_a_global))
+
+
+def test_a_write_past_the_end_of_out_lands_in_the_guard_band():
+    import torch
+
+    def spills(x, out=None):
+        out.copy_(sol.triton_softmax(x))
+        torch.as_strided(out, (out.numel() + 5,), (1,))[out.numel():] = 0.0  # five elements past the end
+        return out
+    with pytest.raises(grading.GradingError, match="wrote 5 elements past the end of `out`: mask the store"):
+        course.check("w33.triton_softmax", spills)
+
+
+def test_the_hint_is_the_one_most_failing_cases_agree_on():
+    def failure(hint):
+        return grading.Mismatch([], [], hint, "fallback", None)
+    assert grading._diagnosis([failure(None), failure("b"), failure("a"), failure("a")]) == "a"
+    assert grading._diagnosis([failure("a"), failure("b")]) == "a"  # a tie: the earliest
+    assert grading._diagnosis([failure("a"), failure("3 elements were never written")]).endswith("never written")
+    assert grading._diagnosis([failure(None)]) == "fallback"
