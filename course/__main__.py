@@ -1,4 +1,4 @@
-"""Command line: python -m course {doctor, grade, mutants, bench, stubs}. See README.md."""
+"""Command line: python -m course {doctor, grade, mutants, sweep, bench, stubs}. See README.md."""
 import argparse
 import sys
 import time
@@ -61,6 +61,19 @@ def cmd_mutants(args) -> int:
     return 1 if bad else 0
 
 
+def cmd_sweep(args) -> int:
+    """The reference solutions over many seeds: every false rejection listed, exit 1 if there is one."""
+    import os
+    from . import mutants
+    start = time.perf_counter()
+    found = mutants.sweep(registry.select(args.selector), args.seeds, args.jobs or os.cpu_count() or 1)
+    rows = [(e, args.seeds, len(bad), bad[0][1][:90] if bad else "") for e, bad in found.items()]
+    print(_table(rows, ("exercise", "seeds", "false rejections", "first")))
+    total = sum(len(bad) for bad in found.values())
+    print(f"\n{total} false rejections in {sum(r[1] for r in rows)} runs ({time.perf_counter() - start:.0f} s)")
+    return 1 if total else 0
+
+
 def cmd_bench(args) -> int:
     from . import bench
     return bench.main(args.selector, args.csv)
@@ -84,6 +97,10 @@ def main(argv=None) -> int:
     p.add_argument("--exercises", metavar="DIR", help="grade the wNN_topic.py files in DIR instead of course/exercises")
     p = sub.add_parser("mutants", help="prove the graders reject wrong solutions")
     p.add_argument("selector", nargs="?", default="all")
+    p = sub.add_parser("sweep", help="run the reference solutions over many seeds: no false rejections")
+    p.add_argument("selector", nargs="?", default="all")
+    p.add_argument("--seeds", type=int, default=200)
+    p.add_argument("--jobs", type=int, help="processes (default: every core)")
     p = sub.add_parser("bench", help="benchmark the solution kernels against their peers (GPU)")
     p.add_argument("selector", nargs="?", default="all")
     p.add_argument("--csv", help="where to write the results (default: course/results/<week>.csv)")
@@ -92,7 +109,7 @@ def main(argv=None) -> int:
     if args.command == "doctor":
         from .backend import doctor
         return doctor()
-    return {"grade": cmd_grade, "mutants": cmd_mutants, "bench": cmd_bench, "stubs": cmd_stubs}[args.command](args)
+    return {"grade": cmd_grade, "mutants": cmd_mutants, "sweep": cmd_sweep, "bench": cmd_bench, "stubs": cmd_stubs}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -73,3 +73,32 @@ def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
     if not report.ran:
         return "skipped", report.note
     return "ACCEPTED", "the grader passed this wrong solution"
+
+
+def _accepts(args: tuple) -> tuple[str, int, str]:
+    """(exercise, seed, "" or the first line of the rejection) for the reference solution on one seed."""
+    exercise, seed = args
+    from .grading import check
+    solution = _solution(registry.week_of(exercise))
+    try:
+        check(exercise, getattr(solution, exercise.split(".")[1]), seed=seed)
+    except GradingError as err:
+        return exercise, seed, str(err).splitlines()[0]
+    return exercise, seed, ""
+
+
+def _solution(week: str):
+    import importlib
+    return importlib.import_module(f"solutions.{week}")
+
+
+def sweep(exercises: list[str], seeds: int, jobs: int) -> dict:
+    """False rejections of the reference solutions: exercise -> [(seed, message)] over seeds 0 … seeds − 1."""
+    import multiprocessing
+    work = [(e, s) for e in exercises for s in range(seeds)]
+    found = {e: [] for e in exercises}
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        for exercise, seed, message in pool.imap_unordered(_accepts, work, chunksize=max(1, seeds // 8)):
+            if message:
+                found[exercise].append((seed, message))
+    return found
