@@ -15,7 +15,10 @@ def _table(rows: list[tuple], header: tuple) -> str:
 def cmd_grade(args) -> int:
     from .isolated import exercise_file, grade_exercise
     rows, failed = [], []
-    for exercise_id in registry.select(args.selector):
+    selected = registry.select(args.selector)
+    width = max(len(e) for e in selected)
+    print(f"{'exercise':<{width}}  {'status':<15}  {'error / tolerance':<17}  time", flush=True)
+    for exercise_id in selected:
         start = time.perf_counter()
         # the submission runs in a fresh child per exercise (a hang or a dead CUDA context fails one exercise
         # only); inputs, references and the verdict stay in this process
@@ -24,9 +27,9 @@ def cmd_grade(args) -> int:
         seconds = time.perf_counter() - start
         error = f"{verdict['max_error']:.0%}" if "max_error" in verdict else "-"
         rows.append((exercise_id, verdict["status"], error, f"{seconds:.1f} s"))
+        print(f"{exercise_id:<{width}}  {verdict['status']:<15}  {error:<17}  {seconds:.1f} s", flush=True)
         if verdict["status"] not in ("pass", "not run"):
             failed.append((exercise_id, verdict["detail"]))
-    print(_table(rows, ("exercise", "status", "error / tolerance", "time")))
     for exercise_id, detail in failed:
         print(f"\n--- {exercise_id}\n{detail}")
     not_run = sum(row[1] == "not run" for row in rows)
