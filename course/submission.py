@@ -328,6 +328,15 @@ def references_refused(fn):
             f.__code__ = code
 
 
+def guarded(fn):
+    """`fn` with the course's answers refused while it runs: what a task's own checks (gpu_check) call, so the
+    check itself may use the course's code and the submission may not."""
+    def call(*args, **kwargs):
+        with references_refused(fn):
+            return fn(*args, **kwargs)
+    return call
+
+
 # ---- the timeout --------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
