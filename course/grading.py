@@ -138,8 +138,7 @@ class LocalRunner:
     def finish(self, launches: list) -> str:
         from . import triton_ptx
         if self.gpu_check and backend.ON_GPU:
-            with submission.timeout(TIMEOUT_S):
-                self.gpu_check(submission.guarded(self.fn))
+            submission.run_gpu_check(self.spec.exercise, self.gpu_check, self.fn)
         return triton_ptx.gpu_compile_errors(launches)
 
 

@@ -328,13 +328,19 @@ def references_refused(fn):
             f.__code__ = code
 
 
-def guarded(fn):
-    """`fn` with the course's answers refused while it runs: what a task's own checks (gpu_check) call, so the
-    check itself may use the course's code and the submission may not."""
-    def call(*args, **kwargs):
+def run_gpu_check(exercise: str, gpu_check, fn) -> None:
+    """A task's check at scale (after every case passed, on a GPU). The check's own code may use the course's; the
+    submission it calls runs with the course's answers refused, and whatever it raises is reported in words."""
+    def guarded(*args, **kwargs):
         with references_refused(fn):
             return fn(*args, **kwargs)
-    return call
+    try:
+        with timeout(TIMEOUT_S):
+            gpu_check(guarded)
+    except GradingError as exc:
+        raise GradingError(f"{exercise}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the learner's code raised inside the check
+        raise GradingError(f"{exercise}, run at scale on the GPU: {_learner_error(exc)}") from None
 
 
 # ---- the timeout --------------------------------------------------------------------------------------------------
