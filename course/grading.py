@@ -189,9 +189,14 @@ def grade(task: Task, runner, seed: int | None, hidden: bool, name: str, officia
         if failures and case.dtype != failures[0].trial.case.dtype:
             continue  # diagnosis looks at the failing dtype's cases only
         trial = prepare(task, case, case_seed, name, official)
-        outcome = runner.run(trial)
+        try:
+            outcome = runner.run(trial)
+            result = judge(task, trial, outcome)
+        except GradingError:
+            if failures:  # the first failure is the one reported; this case cannot add to its diagnosis
+                break
+            raise
         launches += [launch for launch in outcome.launches if launch not in launches]
-        result = judge(task, trial, outcome)
         if isinstance(result, Mismatch):
             if not failures and _moves(runner, trial, outcome):
                 result.extra = RACE
