@@ -111,7 +111,8 @@ class _Launch:
             if count:
                 verb = "stored" if kind == "store" else "loaded"
                 return (f"`{kernel}` {verb} {count} elements outside every tensor it was given (the first "
-                        f"{self.where(first, size)}): {fix}, so the last, partial block stays inside the tensor. "
+                        f"{self.where(first, size)}): {fix}, so the last, partial block stays inside the tensor, or look for an index or a "
+                        f"stride that runs past it. "
                         f"On a GPU this corrupts memory or faults; the CPU interpreter would not have told you.")
         return ""
 

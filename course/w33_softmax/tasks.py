@@ -40,7 +40,10 @@ def _far_apart_rows(rng, shape=(4, 50)):
 
 
 def _equal_then_random(rng, n):
-    return np.stack([np.full(n, 2.0), rng.normal(0, 3, n)])
+    """Two rows of n logits, n past 65504: equal ones (the sum of exp(x - max) is n, so a float16 sum overflows),
+    then random ones of spread 0.1 (a sum near 0.66·n that does not, and probabilities as small as the first
+    row's, so that its error is not lost next to larger ones)."""
+    return np.stack([np.full(n, 2.0), rng.normal(0, 0.1, n)])
 
 
 def row_cases(rng, dtypes):
@@ -118,7 +121,7 @@ def merge_cases(rng, dtypes):
 
 
 # ---------------------------------------------------------------- diagnosis: shared by every hint below
-def _seen(case) -> tuple:
+def seen(case) -> tuple:
     """The case's inputs as the learner's code saw them: rounded to the case's dtype, back in float64."""
     import torch
     return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, case.dtype)).double().numpy()
@@ -381,7 +384,8 @@ def _online_softmax(x, block: int, group: int, bug: str | None = None, start: fl
 def online_variants(x, dtype: str, got) -> dict:
     block = min(max(16, _next_pow2(x.shape[-1])), 8192)
     shapes = [(block, 8), (block, 1), (block, block)]
-    out = {bug: [_online_softmax(x, b, g, bug) for b, g in shapes] for bug in (NO_RESCALE, STALE_SHIFT, ZERO_START, FROZEN)}
+    out = {bug: [_online_softmax(x, b, g, bug) for b, g in shapes]
+           for bug in (NO_RESCALE, STALE_SHIFT, ZERO_START, FROZEN)}
     out[NEG_INF_START] = [_online_softmax(x, b, g, None, -np.inf) for b, g in shapes]
     return {**out, **softmax_variants(x, dtype, got, (ZERO_PAD, UNMASKED, FP16_SUM))}
 
@@ -501,7 +505,7 @@ NON_FINITE = ("NaN or inf where the answer is finite: look for an exp of a large
 def row_hint(variants):
     """A hint for a row-softmax task whose known bugs `variants(x, dtype, got)` computes."""
     def hint(case, got, expected):
-        (x,) = _seen(case)
+        (x,) = seen(case)
         found = matches(got, expected, variants(x, case.dtype, got))
         if not found and (~np.isfinite(got) & np.isfinite(expected)).any():
             return NON_FINITE  # no known bug, but what is wrong is plain to see
@@ -563,7 +567,7 @@ def merge_variants(m_a, l_a, m_b, l_b, work) -> dict:
 
 def state_hint(variants):
     def hint(case, got, expected):
-        found = matches(got, expected, variants(*_seen(case), _work(case.dtype))[case.output])
+        found = matches(got, expected, variants(*seen(case), _work(case.dtype))[case.output])
         if len(found) == 1:
             return found[0]
         if np.isnan(got).any() and not np.isnan(expected).any():

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import attention_cost as cost
 from ..grading import Case, Task, exact
-from ..w33_softmax.tasks import _seen, matches
+from ..w33_softmax.tasks import diagnose, matches, seen
 from ..w35_attention_blocks import reference as ref35
 from ..w35_attention_blocks.tasks import ALL_DTYPES, HUGE, SDPA, SHAPES, SOFTMAXES
 
@@ -35,14 +35,10 @@ def _count_cases(with_causal=False):
     return cases
 
 
-def _one(found: list) -> str | None:
-    return found[0] if len(found) == 1 else None
-
-
 def count_hint(variants, rtol=EXACT):
     """A hint from `variants(**case.kwargs)`: output name -> {hint: what a known mistake gives}."""
     def hint(case, got, expected):
-        return _one(matches(got, expected, variants(**case.kwargs).get(case.output, {}), rtol))
+        return diagnose(got, expected, variants(**case.kwargs).get(case.output, {}), rtol)
     return hint
 
 
@@ -79,14 +75,16 @@ def qk_bytes_variants(bh, m, n, d, size):
     q, k, s = m * d, n * d, m * n
     return {**_gemm_bytes(bh, size, q, k, s), QK_NO_S: bh * (q + k) * size, QK_NO_READS: bh * s * size,
             QK_K_AS_M: bh * (2 * q + s) * size, QK_Q_AS_N: bh * (2 * k + s) * size,
-            SCORES_FLOAT32: bh * ((q + k) * size + 4 * s), SQUARE: [bh * (q + k + m * m) * size, bh * (q + k + n * n) * size]}
+            SCORES_FLOAT32: bh * ((q + k) * size + 4 * s),
+            SQUARE: [bh * (q + k + m * m) * size, bh * (q + k + n * n) * size]}
 
 
 def pv_bytes_variants(bh, m, n, d, size):
     p, v, o = m * n, n * d, m * d
     return {**_gemm_bytes(bh, size, p, v, o), PV_NO_P: bh * (v + o) * size, PV_NO_O: bh * (p + v) * size,
             PV_V_AS_M: bh * (p + 2 * o) * size, PV_O_AS_N: bh * (p + 2 * v) * size,
-            SCORES_FLOAT32: bh * (4 * p + (v + o) * size), SQUARE: [bh * (m * m + v + o) * size, bh * (n * n + v + o) * size]}
+            SCORES_FLOAT32: bh * (4 * p + (v + o) * size),
+            SQUARE: [bh * (m * m + v + o) * size, bh * (n * n + v + o) * size]}
 
 
 def qk_variants(bh, m, n, d, element_size, **_):
@@ -181,7 +179,8 @@ def roofline_variants(flops, nbytes, bandwidth_gbps, peak_tflops):
     t_mem, t_flop = nbytes / (bandwidth_gbps * 1e9), flops / (peak_tflops * 1e12)
     intensity, ridge, ms, bound = _roofline(flops, nbytes, bandwidth_gbps, peak_tflops)
     return {"intensity": {INTENSITY_INVERTED: nbytes / flops},
-            "ridge": {RIDGE_UNITS: peak_tflops / bandwidth_gbps, RIDGE_INVERTED: bandwidth_gbps * 1e9 / (peak_tflops * 1e12)},
+            "ridge": {RIDGE_UNITS: peak_tflops / bandwidth_gbps,
+                      RIDGE_INVERTED: bandwidth_gbps * 1e9 / (peak_tflops * 1e12)},
             "ms": {MS_SUM: (t_mem + t_flop) * 1e3, MS_MIN: min(t_mem, t_flop) * 1e3, MS_SECONDS: ms / 1e3,
                    MS_MICRO: ms * 1e3},
             "compute_bound": {ROOFS_SWAPPED: 1.0 - bound}}
@@ -259,7 +258,8 @@ MASK_ZERO = ("masked and padding lanes are set to 0, so they join the max and th
              "-inf.")
 STRIDES_IGNORED = ("the heads are read as if contiguous (row r at r·N): the scores have their own batch, head and "
                    "row strides; read row (b, h, i) at b·stride_b + h·stride_h + i·stride_m.")
-HEADS_SWAPPED = "batch and head are swapped in the row's index: with r = (b·H + h)·M + i, b = r // (H·M) and h = (r // M) % H."
+HEADS_SWAPPED = ("batch and head are swapped in the row's index: with r = (b·H + h)·M + i, b = r // (H·M) and "
+                 "h = (r // M) % H.")
 TILE_MAX = ("the rows of one program share a max: take the max along each row (axis=1), not over the whole "
             "[ROWS, BLOCK_N] tile, or rows far below the tile's max underflow to 0.")
 NON_FINITE = "NaN or inf where the answer is finite: is each row's max subtracted, and is a zero sum guarded?"
@@ -267,12 +267,12 @@ NON_FINITE = "NaN or inf where the answer is finite: is each row's max subtracte
 
 def _row_softmax(x):
     """The kernel's softmax in float32 over the last axis of x (masked entries -inf): a row with no key gives
-    zeros, a zero sum divides by 1."""
+    zeros, and each row is multiplied by the reciprocal of its sum (1 where the sum is 0)."""
     with np.errstate(all="ignore"):
         top = x.max(axis=-1, keepdims=True)
         e = np.exp(x - np.where(np.isneginf(top), 0.0, top))
         total = e.sum(axis=-1, keepdims=True)
-        return (e / np.where(total > 0, total, 1.0)).astype(np.float64)
+        return (e * (np.float32(1) / np.where(total > 0, total, np.float32(1)))).astype(np.float64)
 
 
 def _masked(x, keep):
@@ -300,18 +300,19 @@ def _tile_max(x, block_rows):
         top = padded.reshape(groups, -1).max(axis=-1)
         top = np.repeat(np.where(np.isneginf(top), 0.0, top), block_rows)[:len(rows), None]
         e = np.exp(rows - top)
-        total = e.sum(axis=-1, keepdims=True)
-        return (e / np.where(total > 0, total, 1.0)).reshape(x.shape).astype(np.float64)
+        total = e.sum(axis=-1, keepdims=True)  # a denormal total: its float32 reciprocal is inf, as the kernel's
+        return (e * (np.float32(1) / np.where(total > 0, total, np.float32(1)))).reshape(x.shape).astype(np.float64)
 
 
 def batched_softmax_variants(s, strided, scale=1.0, causal=False):
     b, h, m, n = s.shape
     keep = _keep(m, n, causal)
-    x = (s.astype(np.float32) * np.float32(scale))
-    block = max(16, 1 << (n - 1).bit_length())
+    x = s.astype(np.float32) * np.float32(scale)
+    block = max(16, 1 << (n - 1).bit_length())  # the launcher's BLOCK_N; lanes past N are padding
+    zero_masked = np.concatenate([np.where(keep, x, 0.0), np.zeros((b, h, m, block - n))], axis=-1)
     out = {NO_SCALE: _row_softmax(_masked(s.astype(np.float32), keep)),
            SCALE_DIVIDED: _row_softmax(_masked(s.astype(np.float32) / np.float32(scale), keep)),
-           MASK_ZERO: _row_softmax(np.concatenate([np.where(keep, x, 0.0), np.zeros((b, h, m, block - n))], -1))[..., :n],
+           MASK_ZERO: _row_softmax(zero_masked)[..., :n],
            TILE_MAX: _tile_max(_masked(x, keep), max(1, min(16, 2048 // block)))}
     with np.errstate(all="ignore"):
         e = np.exp(_masked(x, keep))
@@ -331,11 +332,11 @@ def batched_softmax_variants(s, strided, scale=1.0, causal=False):
 
 
 def batched_softmax_hint(case, got, expected):
-    (s,) = _seen(case)
+    (s,) = seen(case)
     found = matches(got, expected, batched_softmax_variants(s, case.strided, **case.kwargs))
     if not found and (~np.isfinite(got) & np.isfinite(expected)).any():
         return NON_FINITE
-    return _one(found)
+    return found[0] if len(found) == 1 else None
 
 
 # ---------------------------------------------------------------- tasks
