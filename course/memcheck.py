@@ -99,10 +99,12 @@ class _Launch:
         past = [(address - hi, name) for name, lo, hi in self.tensors if address >= hi]
         if past:
             gap, name = min(past)
-            return f"{gap // size + 1} elements past the end of `{name}`"
+            n = gap // size + 1
+            return f"{n} element{'s' if n > 1 else ''} past the end of `{name}`"
         before = [(lo - address, name) for name, lo, hi in self.tensors if address < lo]
         gap, name = min(before)
-        return f"{-(-gap // size)} elements before the start of `{name}`"
+        n = -(-gap // size)
+        return f"{n} element{'s' if n > 1 else ''} before the start of `{name}`"
 
     def verdict(self, kernel: str) -> str:
         for kind, fix in (("store", "mask the store (`mask=` in tl.store)"),
@@ -110,10 +112,10 @@ class _Launch:
             count, first, size = self.stray[kind]
             if count:
                 verb = "stored" if kind == "store" else "loaded"
-                return (f"`{kernel}` {verb} {count} elements outside every tensor it was given (the first "
-                        f"{self.where(first, size)}): {fix}, so the last, partial block stays inside the tensor, or look for an index or a "
-                        f"stride that runs past it. "
-                        f"On a GPU this corrupts memory or faults; the CPU interpreter would not have told you.")
+                return (f"`{kernel}` {verb} {count} elements outside every tensor it was given (the first is "
+                        f"{self.where(first, size)}): {fix}, so the last, partial block stays inside the tensor, "
+                        f"or look for an index or a stride that runs past it. On a GPU this corrupts memory or "
+                        f"faults; the CPU interpreter would not have told you.")
         return ""
 
 
