@@ -386,9 +386,10 @@ def _sum_parts(parts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean: torch.Tensor | None,
-                  rstd: torch.Tensor, programs: int | None = None, want_dx: bool = True):
+                  rstd: torch.Tensor, programs: int | None = None, want_dx: bool = True, want_weights: bool = True):
     """Gradients of LayerNorm (mean given) or RMSNorm (mean None) from the saved statistics.
-    Returns (dx, dweight, dbias); dbias is None for RMSNorm, dx is not written when want_dx is False."""
+    Returns (dx, dweight, dbias); dbias is None for RMSNorm, dx is not written when want_dx is False, and
+    dweight, dbias are None when want_weights is False (stage 2, weight_grad_kernel, is then not launched)."""
     x2, dx2, dx, n_rows, n_cols = prepare_rows(x, None, "norm_backward")
     _check_params("norm_backward", x, weight)
     if dy.shape != x.shape or dy.dtype != x.dtype or not dy.is_contiguous():
@@ -412,6 +413,8 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
         norm_backward_kernel[(n_parts,)](*args, BLOCK=block, CENTRED=centred, COMPUTE=_compute_dtype(x),
                                          WANT_DX=want_dx, STAGES=3 if n_cols <= 8192 else 1,
                                          num_warps=4 if n_cols <= 4096 else 8)
+    if not want_weights:
+        return dx, None, None
     sums = _sum_parts(parts, x)
     return dx, sums[:n_cols], sums[n_cols:] if centred else None
 
@@ -419,7 +422,7 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
 def layernorm_dx(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
     """dL/dx of LayerNorm (bias 0) for upstream gradient dy: forward for the statistics, then backward."""
     _, mean, rstd = layernorm(x, weight, torch.zeros_like(weight))
-    return norm_backward(x, weight, dy, mean, rstd)[0]
+    return norm_backward(x, weight, dy, mean, rstd, want_weights=False)[0]  # gradable before norm_weight_grad
 
 
 def norm_weight_grad(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor):
