@@ -10,7 +10,6 @@ The tasks themselves (cases, references, hints) live in course/wNN_topic/tasks.p
 """
 import secrets
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,6 +27,7 @@ TOLERANCES = {
 }
 RACE = ("the output changed between two runs on the same inputs. A moving error is a race: a missing barrier, or "
         "shared memory read before every thread's copy landed (or overwritten while another warp still reads it).")
+OR = "\n    or: "  # between the hints of bugs a case cannot tell apart
 OFFICIAL = "This check ran in your notebook's process; the official grade is `make grade` (`python -m course grade`)."
 
 
@@ -98,24 +98,58 @@ def exact(reference):
     return lambda **kw: tuple(np.asarray(x, dtype=np.float64) for x in reference(**kw))
 
 
-def closest_bug(got: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | None:
-    """Diagnosis: the hint of the known wrong answer that `got` matches. `candidates` maps a hint to what a known
-    bug makes of this output on the case's inputs (an array, or a list of arrays where the bug has several
-    forms); `got` matches one when it is within rtol of it (relative to that answer's largest entry) at every
-    finite element and non-finite where it is. The closest match wins; on a tie, the first."""
-    best, best_err = None, rtol
-    for hint, outputs in candidates.items():
-        for wrong in outputs if isinstance(outputs, list) else [outputs]:
-            wrong = np.asarray(wrong, dtype=np.float64)
-            if wrong.shape != got.shape:
-                continue
-            both = np.isfinite(wrong) & np.isfinite(got)
-            if not (np.isfinite(wrong) == np.isfinite(got)).all() or not both.any():
-                continue
-            err = np.abs(got[both] - wrong[both]).max() / max(np.abs(wrong[both]).max(), 1e-30)
-            if err < best_err:
-                best, best_err = hint, err
+def seen(case: "Case") -> tuple:
+    """The case's inputs as the learner's code saw them: rounded to the case's dtype, back in float64."""
+    return tuple(to_float64(to_backend("torch", a, case.dtype, device="cpu")) for a in case.inputs)
+
+
+def _distance(got: np.ndarray, forms) -> float:
+    """How far `got` is from a known wrong answer (the nearest of its forms), relative to that answer's largest
+    entry, over the finite elements; inf where the non-finite elements differ. An answer with nothing finite is 0
+    away only from the same answer, element for element."""
+    best = np.inf
+    for wrong in forms if isinstance(forms, list) else [forms]:
+        if wrong is None:
+            continue
+        wrong = np.asarray(wrong, dtype=np.float64)
+        if wrong.shape != got.shape or (np.isfinite(wrong) != np.isfinite(got)).any():
+            continue
+        both = np.isfinite(wrong)
+        if not both.any():
+            best = 0.0 if np.array_equal(wrong, got, equal_nan=True) else best
+            continue
+        best = min(best, float(np.abs(got[both] - wrong[both]).max() / max(np.abs(wrong[both]).max(), 1e-30)))
     return best
+
+
+def matching_bugs(got: np.ndarray, expected: np.ndarray, candidates: dict, rtol: float = 2e-2) -> list[str]:
+    """Diagnosis: the hints of the known bugs whose output `got` matches best. `candidates` maps a hint to what
+    that bug makes of this output on the case's own inputs (an array, or a list of the forms it can take). A match
+    is within rtol of the form's largest entry and strictly nearer to it than to the right answer (so a bug that is
+    a no-op on this case, or an answer that is merely imprecise, names nothing). Several hints where bugs give the
+    same output here (the case cannot tell them apart); none where nothing matches."""
+    right = _distance(got, np.asarray(expected, dtype=np.float64))
+    distances = {hint: _distance(got, forms) for hint, forms in candidates.items()}
+    best = min(distances.values(), default=np.inf)
+    if not (best < rtol and best < right):
+        return []
+    return [hint for hint, d in distances.items() if d <= best * (1 + 1e-6) + 1e-12]
+
+
+def diagnose(got: np.ndarray, expected: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | None:
+    """The known bug `got` matches on this case (matching_bugs), or None. Where the case cannot tell several apart,
+    all of them joined by OR: the grader weighs them against the other failing cases (_diagnosis)."""
+    found = matching_bugs(got, expected, candidates, rtol)
+    return OR.join(found[:3]) or None
+
+
+def closest_bug(got: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | None:
+    """The hint of the known wrong answer `got` is nearest to (within rtol), whatever the right answer is; on a tie,
+    the first. `diagnose` is the usual entry point; this is for candidates that are never right."""
+    distances = {hint: _distance(got, forms) for hint, forms in candidates.items()}
+    best = min(distances, key=distances.get, default=None)
+    return best if best is not None and distances[best] < rtol else None
+
 
 def spec_of(task: "Task") -> submission.Spec:
     return submission.Spec(task.id, task.backend, task.regions, task.graded_dtypes(), task.banned, task.writes_out)
@@ -219,13 +253,22 @@ def grade(task: Task, runner, seed: int | None, hidden: bool, name: str, officia
 
 
 def _diagnosis(failures: list) -> str | None:
-    """The hint most failing cases agree on (never-written elements first: the poison does not guess)."""
+    """The hint the failing cases agree on. Never-written and out-of-bounds come first (the poison does not guess);
+    otherwise each case votes for its hint, a case that cannot tell k bugs apart gives each 1/k, and the bugs with
+    the most votes are named (several, joined by OR, where they tie)."""
     hints = [f.hint for f in failures if f.hint]
     written = [h for h in hints if "never written" in h or "past the end" in h or "before the start" in h]
     if written:
         return written[0]
-    counts = Counter(hints)
-    return max(counts, key=lambda h: (counts[h], -hints.index(h))) if counts else failures[0].fallback
+    votes = {}
+    for hint in hints:
+        parts = hint.split(OR)
+        for part in parts:
+            votes[part] = votes.get(part, 0.0) + 1 / len(parts)
+    if not votes:
+        return failures[0].fallback
+    most = max(votes.values())
+    return OR.join(part for part, v in votes.items() if v >= most - 1e-9)
 
 
 def _moves(runner, trial: Trial, first: submission.Outcome) -> bool:

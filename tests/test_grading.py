@@ -295,6 +295,21 @@ def test_the_hint_is_the_one_most_failing_cases_agree_on():
     def failure(hint):
         return grading.Mismatch([], [], hint, "fallback", None)
     assert grading._diagnosis([failure(None), failure("b"), failure("a"), failure("a")]) == "a"
-    assert grading._diagnosis([failure("a"), failure("b")]) == "a"  # a tie: the earliest
+    assert grading._diagnosis([failure("a"), failure("b")]) == "a" + grading.OR + "b"  # a tie: both, in order
     assert grading._diagnosis([failure("a"), failure("3 elements were never written")]).endswith("never written")
     assert grading._diagnosis([failure(None)]) == "fallback"
+    both = "a" + grading.OR + "b"
+    assert grading._diagnosis([failure(both)]) == both  # one case, two bugs it cannot tell apart: both named
+    assert grading._diagnosis([failure(both), failure("b")]) == "b"  # another case decides
+
+
+def test_diagnosis_names_one_bug_only_where_the_case_can_tell():
+    expected = np.array([0.25, 0.75])
+    doubled, halved = expected * 2, expected / 2
+    assert grading.diagnose(doubled * 1.001, expected, {"doubled": doubled, "halved": halved}) == "doubled"
+    assert grading.diagnose(doubled, expected, {"doubled": doubled, "also doubled": [halved, doubled]}) == \
+        "doubled" + grading.OR + "also doubled"  # this case cannot tell them apart
+    assert grading.diagnose(expected * 1.001, expected, {"a no-op here": expected}) is None  # cannot show
+    nan = np.full(2, np.nan)
+    assert grading.diagnose(nan, expected, {"0/0": nan, "doubled": doubled}) == "0/0"
+    assert grading.diagnose(np.array([1.0, 9.0]), expected, {"doubled": doubled}) is None

@@ -2,12 +2,13 @@
 
 A hint is a diagnosis, not a guess: for each known bug, this module computes what that bug makes of the failing
 case's own inputs (as rounded to the case's dtype, in the precision a kernel computes in), and names the bug whose
-wrong answer the learner's output matches (grading.closest_bug). A case on which a bug gives the right answer
+wrong answer the learner's output matches (grading.diagnose). A case on which a bug gives the right answer
 cannot tell it apart, and gets no hint from it.
 """
 import numpy as np
 
-from ..grading import Case, Task, closest_bug
+from ..grading import Case, Task, diagnose, seen
+from ..grading import matching_bugs as matches
 from . import reference as ref
 
 BANNED = tuple(f"{m}.{f}" for m in ("torch", "torch.nn.functional", "torch.Tensor", "torch.special")
@@ -121,53 +122,10 @@ def merge_cases(rng, dtypes):
 
 
 # ---------------------------------------------------------------- diagnosis: shared by every hint below
-def seen(case) -> tuple:
-    """The case's inputs as the learner's code saw them: rounded to the case's dtype, back in float64."""
-    import torch
-    return tuple(torch.from_numpy(np.ascontiguousarray(a)).to(getattr(torch, case.dtype)).double().numpy()
-                 for a in case.inputs)
-
-
 def _work(dtype: str):
     """The precision the code computes in: float64 for NumPy float64, float32 everywhere else (the kernels
     convert 16-bit inputs to float32), so that a wrong answer overflows or underflows where the code's would."""
     return np.float64 if dtype == "float64" else np.float32
-
-
-def _error(got, outputs) -> float:
-    """How far `got` is from a known wrong answer (any of its forms), measured as closest_bug measures it; an
-    answer with no finite entry (all NaN or inf) is 0 away only when `got` is the same, element for element."""
-    best = np.inf
-    for wrong in outputs if isinstance(outputs, list) else [outputs]:
-        wrong = np.asarray(wrong, dtype=np.float64)
-        if wrong.shape != got.shape or (np.isfinite(wrong) != np.isfinite(got)).any():
-            continue
-        both = np.isfinite(wrong)
-        if not both.any():
-            best = 0.0 if np.array_equal(wrong, got, equal_nan=True) else best
-            continue
-        best = min(best, np.abs(got[both] - wrong[both]).max() / max(np.abs(wrong[both]).max(), 1e-30))
-    return best
-
-
-def matches(got, expected, candidates: dict, rtol: float = 2e-2) -> list:
-    """The hints of the known bugs whose output `got` matches best (grading.closest_bug): one hint, several where
-    bugs give the same output on this case (it cannot tell them apart), none where nothing matches or the right
-    answer is as close (softmax of one element is 1 whatever the sum). An output with nothing finite (all NaN or
-    inf) matches only the same output."""
-    errors = {hint: _error(got, outputs) for hint, outputs in candidates.items()}
-    if not np.isfinite(got).any():
-        return [hint for hint, err in errors.items() if err == 0.0]
-    best = closest_bug(got, {"": expected, **candidates}, rtol)
-    if not best:
-        return []
-    return [best] + [hint for hint, err in errors.items() if hint != best and err <= errors[best] * (1 + 1e-6) + 1e-12]
-
-
-def diagnose(got, expected, candidates: dict, rtol: float = 2e-2) -> str | None:
-    """The one known bug `got` matches, or None (no match, or a case that cannot tell two bugs apart)."""
-    found = matches(got, expected, candidates, rtol)
-    return found[0] if len(found) == 1 else None
 
 
 def _exp(a, work):

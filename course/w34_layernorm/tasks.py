@@ -5,7 +5,7 @@ import warnings
 
 import numpy as np
 
-from ..grading import Case, Task, closest_bug, to_backend, to_float64
+from ..grading import Case, Task, diagnose, seen
 from . import reference as ref
 from .reference import EPS
 
@@ -104,26 +104,6 @@ def _with_residual(rng, x):
 # Each *_variants function maps a hint to what a known bug makes of an output on the case's own inputs (an array,
 # or a list of the forms the bug can take), computed in float64 from reference.py's formulas; `_diagnose` names the
 # bug whose output the learner's matches. A bug whose output this case cannot tell from the right one is left out.
-def _seen(case) -> tuple:
-    """The case's inputs as the learner's code sees them: rounded to the case's dtype, back in float64."""
-    return tuple(to_float64(to_backend("torch", a, case.dtype, device="cpu")) for a in case.inputs)
-
-
-def _diagnose(got, expected, candidates: dict, rtol: float = 2e-2) -> str | None:
-    """closest_bug over the forms that differ from the right answer here (one within rtol of it would also match
-    an answer that is merely imprecise). Week 37 diagnoses with it too."""
-    telling = {}
-    for hint, forms in candidates.items():
-        forms = [f for f in (forms if isinstance(forms, list) else [forms])
-                 if f is not None and closest_bug(np.asarray(expected, np.float64), {hint: f}, rtol) is None]
-        if forms:
-            telling[hint] = forms
-    if got.size and not np.isfinite(got).any():  # nothing finite to compare (closest_bug needs some): match the NaNs
-        return next((h for h, forms in telling.items() for f in forms
-                     if np.shape(f) == got.shape and np.array_equal(np.isnan(f), np.isnan(got))), None)
-    return closest_bug(got, telling, rtol)
-
-
 def _pick(variants: dict, index: int) -> dict:
     """{hint: forms of output `index`} from {hint: [(out0, out1, ...), ...]}."""
     return {h: [form[index] for form in forms] for h, forms in variants.items()}
@@ -169,9 +149,9 @@ def _cancelled(x, dtype, got, var):
 
 
 def variance_hint(case, got, expected):
-    (x,) = _seen(case)
+    (x,) = seen(case)
     index = ("mean", "var").index(case.output)
-    found = _diagnose(got, expected, _pick(variance_variants(x), index))
+    found = diagnose(got, expected, _pick(variance_variants(x), index))
     if found is None and case.output == "var" and _cancelled(x, case.dtype, got, expected):
         return ONE_PASS
     return found
@@ -200,7 +180,7 @@ def merge_variants(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
 
 def merge_hint(case, got, expected):
     index = ("n", "mean", "m2").index(case.output)
-    return _diagnose(got, expected, _pick(merge_variants(*_seen(case)), index))
+    return diagnose(got, expected, _pick(merge_variants(*seen(case)), index))
 
 
 EPS_INSIDE = ("eps belongs inside the square root: rstd = 1 / sqrt({} + eps) (outside it, or left out, it no longer "
@@ -277,7 +257,7 @@ def rms_variants(x, w):
 
 
 def rms_hint(case, got, expected):
-    return _diagnose(got, expected, _pick(rms_variants(*_seen(case)), ("y", "rstd").index(case.output)))
+    return diagnose(got, expected, _pick(rms_variants(*seen(case)), ("y", "rstd").index(case.output)))
 
 
 def fused_variants(x, r, w):
@@ -294,7 +274,7 @@ def fused_variants(x, r, w):
 
 
 def fused_hint(case, got, expected):
-    return _diagnose(got, expected, _pick(fused_variants(*_seen(case)), ("y", "h").index(case.output)))
+    return diagnose(got, expected, _pick(fused_variants(*seen(case)), ("y", "h").index(case.output)))
 
 
 def dx_variants(x, w, dy):
@@ -322,8 +302,8 @@ def dx_variants(x, w, dy):
 
 
 def dx_hint(case, got, expected):
-    x, w, dy = _seen(case)
-    found = _diagnose(got, expected, dx_variants(x, w, dy))
+    x, w, dy = seen(case)
+    found = diagnose(got, expected, dx_variants(x, w, dy))
     if found or x.shape[-1] < 2:
         return found
     # No known slip: is only the per-row constant term wrong (the x̂ term and rstd right)?
@@ -332,7 +312,7 @@ def dx_hint(case, got, expected):
     xhat, g = (x - mean) * rstd, w * dy
     kept = g - xhat * (xhat * g).mean(axis=-1, keepdims=True)
     constant = (kept - got / rstd).mean(axis=-1, keepdims=True)
-    return _diagnose(got, expected, {"the per-row constant term is off: dx = rstd·(w·dy − mean(w·dy) − x̂·mean(x̂·w·dy)) "
+    return diagnose(got, expected, {"the per-row constant term is off: dx = rstd·(w·dy − mean(w·dy) − x̂·mean(x̂·w·dy)) "
                                      "with mean(w·dy) = Σ w·dy / n_cols": (kept - constant) * rstd})
 
 
@@ -388,13 +368,13 @@ def weight_grad_variants(x, w, dy, dtype):
 
 
 def weight_grad_hint(case, got, expected):
-    x, w, dy = _seen(case)
+    x, w, dy = seen(case)
     variants = weight_grad_variants(x, w, dy, case.dtype)
-    return _diagnose(got, expected, _pick(variants, ("dweight", "dbias").index(case.output)))
+    return diagnose(got, expected, _pick(variants, ("dweight", "dbias").index(case.output)))
 
 
 def cuda_layernorm_hint(case, got, expected):
-    return _diagnose(got, expected, layernorm_variants(*_seen(case)))
+    return diagnose(got, expected, layernorm_variants(*seen(case)))
 
 
 def _norm_task(name, backend, regions, cases, reference, outputs, hint, writes_out=True, scale=None):

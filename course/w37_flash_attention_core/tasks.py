@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 
-from ..grading import Case, GradingError, Task, exact
-from ..w34_layernorm.tasks import _diagnose, _pick, _seen
+from ..grading import Case, GradingError, Task, diagnose, exact, seen
+from ..w34_layernorm.tasks import _pick
 from ..w35_attention_blocks import reference as ref35
 from ..w35_attention_blocks.tasks import ALL_DTYPES, MATMULS, SDPA, SOFTMAXES, _flash_rule, _heads, _huge_heads
 from . import reference as ref
@@ -198,7 +198,7 @@ def online_variants(m, l, o, s, v):
 
 def online_update_hint(case, got, expected):
     index = ("m", "l", "o").index(case.output)
-    return _diagnose(got, expected, _pick(online_variants(*_seen(case)), index))
+    return diagnose(got, expected, _pick(online_variants(*seen(case)), index))
 
 
 def _forward(q, k, v, keep, scale):
@@ -324,7 +324,7 @@ def forward_variants(q, k, v, causal=False, block_m=None, block_n=None, **_):
 def forward_hint(case, got, expected):
     index = ("o", "lse").index(case.output)
     with np.errstate(all="ignore"):
-        return _diagnose(got, expected, _pick(forward_variants(*_seen(case), **case.kwargs), index))
+        return diagnose(got, expected, _pick(forward_variants(*seen(case), **case.kwargs), index))
 
 
 def count_variants(bh, m, n, d, block_m, block_n, causal=False):
@@ -365,7 +365,7 @@ def count_variants(bh, m, n, d, block_m, block_n, causal=False):
 
 def count_hint(case, got, expected):
     variants = count_variants(**case.kwargs)
-    return _diagnose(got, expected, _pick(variants, ("reads", "writes").index(case.output)), rtol=EXACT)
+    return diagnose(got, expected, _pick(variants, ("reads", "writes").index(case.output)), rtol=EXACT)
 
 
 def bounds_variants(pid_m, block_m, block_n, n):
@@ -389,7 +389,7 @@ def bounds_variants(pid_m, block_m, block_n, n):
 
 
 def bounds_hint(case, got, expected):
-    return _diagnose(got, expected, _pick(bounds_variants(**case.kwargs), ("free", "stop").index(case.output)),
+    return diagnose(got, expected, _pick(bounds_variants(**case.kwargs), ("free", "stop").index(case.output)),
                      rtol=EXACT)
 
 

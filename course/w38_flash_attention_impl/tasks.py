@@ -1,6 +1,6 @@
 """Graded tasks of week 38. Gradients are judged against the size of the terms they sum (they cancel: each row
 of dS sums to zero), references are float64, and a failure is diagnosed by comparing the output with what each
-known bug would have produced on the same inputs (grading.closest_bug). The dK/dV and dQ kernels are graded in
+known bug would have produced on the same inputs (grading.diagnose). The dK/dV and dQ kernels are graded in
 isolation: the case hands them the LSE and D computed in float64, so a bug elsewhere cannot fail them.
 Adversarial cases: N = 1, lengths no block divides, M != N, causal, non-contiguous storage, grouped-query heads,
 logits near -1e4 (an unshifted exp underflows), partial states that saw no key."""
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from ..grading import RACE, TOLERANCES, Case, GradingError, Task, closest_bug
+from ..grading import RACE, TOLERANCES, Case, GradingError, Task, diagnose
 from ..w35_attention_blocks.tasks import MATMULS, SDPA, SOFTMAXES, _flash_rule, _heads, _huge_heads
 from ..w37_flash_attention_core.tasks import _negative_heads, _sixteen_bit_rule, flash_cases, linear_memory
 from . import reference as ref
@@ -98,7 +98,7 @@ def backward_hint(case, got, expected):
     do = case.inputs[3] if len(case.inputs) == 4 else case.inputs[4]  # (q, k, v, do) or (q, k, v, o, do, lse)
     index = ("dq", "dk", "dv").index(case.output)
     variants = backward_variants(q, k, v, do, **case.kwargs)
-    return closest_bug(got, {h: outs[index] for h, outs in variants.items()}) or (
+    return diagnose(got, expected, {h: outs[index] for h, outs in variants.items()}) or (
         "no known bug matches this output. Check the pieces one at a time against day 1's formulas: "
         "P = exp(S − lse), dV = Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP − D), dQ = scale · dS K, dK = scale · dSᵀ Q.")
 
@@ -135,7 +135,7 @@ def forward_hint(case, got, expected):
     index = ("o", "lse").index(case.output)
     seen = (_rounded(x, case.dtype) for x in case.inputs)  # what the kernel computed with, after the grader's cast
     variants = forward_variants(*seen, **case.kwargs)
-    return closest_bug(got, {h: outs[index] for h, outs in variants.items()}) or (
+    return diagnose(got, expected, {h: outs[index] for h, outs in variants.items()}) or (
         "no known bug matches this output: compare your online-softmax update with week 37's (rescale l and the "
         "accumulator by exp2(m_old − m_new), divide by l at the end).")
 
@@ -196,7 +196,7 @@ def delta_cases(rng, dtypes):
 
 def delta_hint(case, got, expected):
     o, do = case.inputs
-    return closest_bug(got, {
+    return diagnose(got, expected, {
         "D is rowsum(dO ∘ O): the product of the two, summed over the head dimension": (do * do).sum(-1),
         "D is rowsum(dO ∘ O), not rowsum(O ∘ O)": (o * o).sum(-1),
         "D has no softmax scale: it is rowsum(dO ∘ O) exactly": (o * do).sum(-1) / math.sqrt(o.shape[-1]),
@@ -255,7 +255,7 @@ def merge_hint(case, got, expected):
             "exp(lse) overflows (or underflows) for large log-sum-exps: subtract the largest before exponentiating":
                 ((raw[..., None] * o).sum(0) / raw_total[..., None], np.where(raw.sum(0) > 0, np.log(raw_total), -np.inf)),
             "the weighted parts were not divided by the total weight": ((unshifted[..., None] * o).sum(0), right[1])}
-        return closest_bug(got, {h: outs[index] for h, outs in variants.items()})
+        return diagnose(got, expected, {h: outs[index] for h, outs in variants.items()})
 
 
 # (name, B, H, M, N, d): head dims the tensor-core kernel takes (multiples of 16 up to 128); the rest of the sweep
