@@ -39,7 +39,7 @@ def cmd_grade(args) -> int:
 
 
 def cmd_mutants(args) -> int:
-    """Every solution accepted and every mutant rejected, else exit 1."""
+    """Every solution and variant accepted and every mutant rejected with its hint, else exit 1."""
     import importlib
     from . import mutants
     from .grading import GradingError, check
@@ -59,6 +59,12 @@ def cmd_mutants(args) -> int:
                 status, detail = mutants.verdict(mutant, i)
                 bad += status in ("ACCEPTED", "rejected without its hint")
                 rows.append((mutant.exercise, mutant.bug, status if status != "skipped" else "skipped: needs a GPU"))
+        for i, variant in enumerate(mutants.variants(week)):
+            if variant.exercise in selected:
+                status, detail = mutants.accepts(variant, i)
+                bad += status == "REJECTED"
+                rows.append((variant.exercise, f"correct, another way: {variant.change}",
+                             f"REJECTED: {detail}" if status == "REJECTED" else status))
     print(_table(rows, ("exercise", "solution or mutant", "verdict")))
     print(f"\n{len(rows) - bad} passed, {bad} failed")
     return 1 if bad else 0

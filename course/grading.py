@@ -162,6 +162,8 @@ class LocalRunner:
     def __init__(self, task: "Task", fn):
         self.spec, self.fn = spec_of(task), fn
         self.gpu_check = task.gpu_check
+        self.interpreted = not backend.ON_GPU
+        self.source, self.name = _file_of(fn)
 
     def begin(self) -> tuple[bool, str]:
         return submission.begin(self.spec, self.fn)
@@ -174,6 +176,19 @@ class LocalRunner:
         if self.gpu_check and backend.ON_GPU:
             submission.run_gpu_check(self.spec.exercise, self.gpu_check, self.fn)
         return triton_ptx.gpu_compile_errors(launches)
+
+
+def _file_of(fn) -> tuple:
+    """(path, name) of the module-level function `fn` in a file a child process can load, else (None, None):
+    a function defined in a notebook cell has none."""
+    import inspect
+    import sys
+    from pathlib import Path
+    module, name = sys.modules.get(getattr(fn, "__module__", "")), getattr(fn, "__name__", "")
+    path = getattr(module, "__file__", None)
+    if path and Path(path).is_file() and getattr(module, name, None) is fn and inspect.isfunction(fn):
+        return Path(path), name
+    return None, None
 
 
 def check(exercise_id: str, fn, seed: int | None = None, hidden: bool = False) -> Report:
@@ -215,9 +230,12 @@ def grade(task: Task, runner, seed: int | None, hidden: bool, name: str, officia
     ran, note = runner.begin()
     if not ran:
         return Report(task.id, ran=False, note=note)
+    if task.backend == "triton" and not runner.interpreted:
+        note = "\n    ".join(filter(None, [note, _interpreter_pass(task, runner, seed, name, official)]))
     report = Report(task.id, note=note)
     seeds = [seed] + ([secrets.randbelow(2**31)] if hidden else [])  # the hidden cases have a seed of their own
-    cases = [(case, s) for s in seeds for case in task.cases(np.random.default_rng(s), task.graded_dtypes())]
+    dtypes = ("float32",) if runner.interpreted and backend.ON_GPU else task.graded_dtypes()
+    cases = [(case, s) for s in seeds for case in task.cases(np.random.default_rng(s), dtypes)]
     start, launches, failures = time.perf_counter(), [], []
     for case, case_seed in cases:
         if failures and case.dtype != failures[0].trial.case.dtype:
@@ -252,6 +270,24 @@ def grade(task: Task, runner, seed: int | None, hidden: bool, name: str, officia
     return report
 
 
+def _interpreter_pass(task: Task, runner, seed: int, name: str, official: bool) -> str:
+    """On a GPU, a Triton submission's float32 cases also run in the CPU interpreter (a child process), where every
+    address a kernel touches is checked: a load past a tensor's end that a GPU reads silently, and whose value the
+    kernel happens to mask away, is reported there. Returns a note when the function has no file to load."""
+    from .isolated import IsolatedRunner
+    if runner.source is None:
+        return "(the address check in the CPU interpreter needs your function in a file; it was skipped)"
+    interpreter = IsolatedRunner(task, runner.source, runner.name, interpreter=True)
+    try:
+        grade(task, interpreter, seed, hidden=False, name=name, official=official)
+    except GradingError as err:
+        raise GradingError(f"{err}\n  (found in the CPU interpreter, which checks every address a kernel touches; "
+                           f"the GPU cases did not run)") from None
+    finally:
+        interpreter.close()
+    return ""
+
+
 def _diagnosis(failures: list) -> str | None:
     """The hint the failing cases agree on. Never-written and out-of-bounds come first (the poison does not guess);
     otherwise each case votes for its hint, a case that cannot tell k bugs apart gives each 1/k, and the bugs with
@@ -274,7 +310,7 @@ def _diagnosis(failures: list) -> str | None:
 def _moves(runner, trial: Trial, first: submission.Outcome) -> bool:
     """On a GPU, after a failure: does a second run on the same inputs give other outputs? (A race's signature;
     the CPU interpreter runs programs one after another and cannot show one.)"""
-    if runner.spec.backend == "numpy" or not backend.ON_GPU:
+    if runner.spec.backend == "numpy" or runner.interpreted:
         return False
     try:
         again = runner.run(trial)

@@ -1,9 +1,10 @@
-"""Mutants: plausible wrong solutions the graders must reject.
+"""Mutants and variants: what proves a grader, both one-place edits of a reference solution.
 
-A mutant is a one-place edit of a reference solution, declared in tests/mutants/wNN_topic.py as
-`Mutant(exercise, bug, old, new)`: `bug` names the mistake (missing max-subtraction, ...), `old`
-must occur exactly once in solutions/wNN_topic.py. Loading applies the edit to a copy of the file,
-so a mutant that no longer applies to the solution fails loudly instead of passing silently.
+Declared in tests/mutants/wNN_topic.py. A mutant, `Mutant(exercise, bug, old, new, hint=...)`, is a plausible
+wrong solution the grader must reject with its hint; a variant, `Variant(exercise, change, old, new)`, is a correct
+solution written another way (two passes instead of online, other block sizes, float64 inside, log-domain
+updates) that it must accept. `old` must occur exactly once in solutions/wNN_topic.py: loading applies the edit to
+a copy of the file, so an edit that no longer applies fails loudly instead of passing silently.
 """
 import importlib.util
 import sys
@@ -31,30 +32,51 @@ class Mutant:
         return f"{self.exercise}: {self.bug}"
 
 
-def declared(week: str) -> list[Mutant]:
+@dataclass(frozen=True)
+class Variant:
+    exercise: str   # "w33.online_softmax"
+    change: str     # how it differs from the reference solution, still correct
+    old: str
+    new: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.exercise}: {self.change}"
+
+
+def _declarations(week: str):
     path = ROOT / "tests" / "mutants" / f"{week}.py"
     spec = importlib.util.spec_from_file_location(f"_mutants_{week}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.MUTANTS
+    return module
 
 
-def load(mutant: Mutant, index: int):
-    """Import the solution module with the mutant's edit applied; return the exercise's function."""
-    week = registry.week_of(mutant.exercise)
+def declared(week: str) -> list[Mutant]:
+    return _declarations(week).MUTANTS
+
+
+def variants(week: str) -> list[Variant]:
+    return getattr(_declarations(week), "VARIANTS", [])
+
+
+def load(edit: Mutant | Variant, index: int):
+    """Import the solution module with the edit applied; return the exercise's function."""
+    week = registry.week_of(edit.exercise)
     text = (ROOT / "solutions" / f"{week}.py").read_text()
-    count = text.count(mutant.old)
+    count = text.count(edit.old)
+    kind = type(edit).__name__.lower()
     if count != 1:
-        raise ValueError(f"mutant '{mutant.name}': its `old` text occurs {count} times in solutions/{week}.py (need 1)")
-    folder = Path(tempfile.mkdtemp(prefix="course-mutant-"))
-    path = folder / f"mutant_{week}_{index}.py"
-    path.write_text(text.replace(mutant.old, mutant.new))
-    name = f"course_mutant_{week}_{index}"
+        raise ValueError(f"{kind} '{edit.name}': its `old` text occurs {count} times in solutions/{week}.py (need 1)")
+    folder = Path(tempfile.mkdtemp(prefix=f"course-{kind}-"))
+    path = folder / f"{kind}_{week}_{index}.py"
+    path.write_text(text.replace(edit.old, edit.new))
+    name = f"course_{kind}_{week}_{index}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    return getattr(module, mutant.exercise.split(".")[1])
+    return getattr(module, edit.exercise.split(".")[1])
 
 
 def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
@@ -73,6 +95,16 @@ def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
     if not report.ran:
         return "skipped", report.note
     return "ACCEPTED", "the grader passed this wrong solution"
+
+
+def accepts(variant: Variant, index: int) -> tuple[str, str]:
+    """("accepted" | "REJECTED" | "skipped", detail) for a correct solution written another way."""
+    fn = load(variant, index)
+    try:
+        report = check(variant.exercise, fn)
+    except GradingError as err:
+        return "REJECTED", str(err).splitlines()[0]
+    return ("accepted", "") if report.ran else ("skipped", report.note)
 
 
 def _accepts(args: tuple) -> tuple[str, int, str]:

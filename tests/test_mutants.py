@@ -1,4 +1,4 @@
-"""Every mutant is rejected by its grader; every reference solution is accepted."""
+"""Every mutant is rejected by its grader; every reference solution, and every correct variant of one, is accepted."""
 import importlib
 
 import pytest
@@ -15,6 +15,15 @@ def test_mutant_is_rejected(week, index, mutant):
     if status == "skipped":
         pytest.skip(f"{mutant.exercise}: {detail} (needs a GPU; see tools/gpu_check.sh)")
     assert status == "rejected", detail
+
+
+VARIANTS = [(week, i, v) for week in registry.WEEKS for i, v in enumerate(mutants.variants(week))]
+
+
+@pytest.mark.parametrize("week,index,variant", VARIANTS, ids=[v.name for _, _, v in VARIANTS])
+def test_a_correct_solution_written_another_way_is_accepted(week, index, variant):
+    status, detail = mutants.accepts(variant, index)
+    assert status != "REJECTED", detail
 
 
 @pytest.mark.parametrize("exercise_id", list(registry.all_tasks()))

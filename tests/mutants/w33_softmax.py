@@ -1,6 +1,6 @@
 """Wrong solutions of week 33 that the graders must reject (see course/mutants.py for the format).
 Each `hint` is words of the diagnosis course/w33_softmax/tasks.py gives for that bug."""
-from course.mutants import Mutant
+from course.mutants import Mutant, Variant
 
 MUTANTS = [
     # stable_softmax
@@ -117,4 +117,45 @@ MUTANTS = [
     Mutant("w33.log_softmax", "log-sum-exp left out: y = x - max",
            "y = shifted - tl.log(tl.sum(tl.exp(shifted), axis=0))", "y = shifted",
            hint="subtract log Σ exp(x - max) as well"),
+]
+
+# Correct solutions written another way: the graders must accept them.
+VARIANTS = [
+    Variant("w33.stable_softmax", "float64 inside, the result cast back to the input's dtype",
+            "    shifted = x - x.max(axis=-1, keepdims=True)\n    e = np.exp(shifted)\n"
+            "    return e / e.sum(axis=-1, keepdims=True)",
+            "    wide = x.astype(np.float64)\n    e = np.exp(wide - wide.max(axis=-1, keepdims=True))\n"
+            "    return (e / e.sum(axis=-1, keepdims=True)).astype(x.dtype)"),
+    Variant("w33.online_softmax_update", "log-domain: the sums combined as log-sum-exp",
+            "    l_new = l * np.exp(m - shift) + np.exp(chunk - shift[:, None]).sum(axis=-1)",
+            "    with np.errstate(divide=\"ignore\"):\n"
+            "        log_old = np.log(l) + (m - shift)\n"
+            "        log_new = np.log(np.exp(chunk - shift[:, None]).sum(axis=-1))\n"
+            "    l_new = np.exp(np.logaddexp(log_old, log_new))"),
+    Variant("w33.merge_softmax_states", "log-domain: log l_a + m_a and log l_b + m_b combined with logaddexp",
+            "    return m, l_a * np.exp(m_a - shift) + l_b * np.exp(m_b - shift)",
+            "    with np.errstate(divide=\"ignore\"):\n"
+            "        both = np.logaddexp(np.log(l_a) + (m_a - shift), np.log(l_b) + (m_b - shift))\n"
+            "    return m, np.exp(both)"),
+    Variant("w33.online_softmax", "two passes instead of online: every group's max first, then the sums",
+            "    for start in tl.range(0, n_cols, BLOCK, num_stages=STAGES):\n"
+            "        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float(\"inf\")).to(tl.float32)\n"
+            "        ### BEGIN SOLUTION\n"
+            "        m_new = tl.maximum(m, tl.max(x, axis=1))\n"
+            "        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)\n"
+            "        m = m_new\n",
+            "    for start in tl.range(0, n_cols, BLOCK):\n"
+            "        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float(\"inf\")).to(tl.float32)\n"
+            "        m = tl.maximum(m, tl.max(x, axis=1))\n"
+            "    for start in tl.range(0, n_cols, BLOCK):\n"
+            "        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float(\"inf\")).to(tl.float32)\n"
+            "        ### BEGIN SOLUTION\n"
+            "        l += tl.sum(tl.exp(x - m[:, None]), axis=1)\n"),
+    Variant("w33.online_softmax", "blocks of 64 columns, one warp",
+            "block = block or min(max(16, triton.next_power_of_2(n_cols)), 8192)", "block = block or 64"),
+    Variant("w33.log_softmax", "float64 arithmetic in the kernel, cast at the store",
+            "    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float(\"inf\")).to(tl.float32)\n"
+            "    shifted",
+            "    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float(\"inf\")).to(tl.float64)\n"
+            "    shifted"),
 ]

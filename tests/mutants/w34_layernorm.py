@@ -1,6 +1,6 @@
 """Wrong solutions of week 34 that the graders must reject (see course/mutants.py for the format).
 Each `hint` is a phrase of the diagnosis the grader must give (course/w34_layernorm/tasks.py, *_variants)."""
-from course.mutants import Mutant
+from course.mutants import Mutant, Variant
 
 MUTANTS = [
     # welford_variance
@@ -104,4 +104,13 @@ MUTANTS = [
            "    centred = tl.where(mask, h.to(COMPUTE) - tl.sum(h.to(COMPUTE), axis=0) / n_cols, 0.0)\n"
            "    rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols + eps)\n",
            hint="not the standard deviation"),
+]
+
+# Correct solutions written another way: the graders must accept them.
+VARIANTS = [
+    Variant("w34.welford_variance", "float64 accumulators",
+            "    mean = np.zeros(x.shape[:-1], dtype=x.dtype)", "    mean = np.zeros(x.shape[:-1], dtype=np.float64)"),
+    Variant("w34.chan_merge", "the mean as the count-weighted average of the parts' means",
+            "    mean = mean_a + delta * share_b",
+            "    mean = (n_a * mean_a + n_b * mean_b) / np.where(n == 0, 1, n)"),
 ]

@@ -1,6 +1,6 @@
 """Wrong solutions of week 37 that the graders must reject (see course/mutants.py for the format).
 Each `hint` is a phrase of the diagnosis the grader must give (course/w37_flash_attention_core/tasks.py, *_variants)."""
-from course.mutants import Mutant
+from course.mutants import Mutant, Variant
 
 # Words of the forward diagnoses, shared by the NumPy, Triton and CUDA C forwards
 ACC = "the accumulator was not rescaled"
@@ -166,4 +166,11 @@ MUTANTS = [
            "const bool keep = col < N;", hint=NO_CAUSAL),
     Mutant("w37.cuda_flash_attention", "scale applied twice", "s[i][j] = keep ? s[i][j] * qk_scale : -INFINITY;",
            "s[i][j] = keep ? s[i][j] * qk_scale * qk_scale : -INFINITY;", hint=SCALE_TWICE),
+]
+
+# Correct solutions written another way: the graders must accept them.
+VARIANTS = [
+    Variant("w37.flash_attention", "other tiles: query blocks narrower than key blocks",
+            "GPU_TILES = {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}\nCPU_TILES = (32, 16, 4, 1)",
+            "GPU_TILES = {64: (64, 128, 4, 2), 128: (64, 64, 4, 2)}\nCPU_TILES = (16, 32, 4, 1)"),
 ]

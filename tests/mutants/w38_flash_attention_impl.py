@@ -1,6 +1,6 @@
 """Wrong solutions of week 38 that the graders must reject, each with words its hint must contain
 (see course/mutants.py for the format)."""
-from course.mutants import Mutant
+from course.mutants import Mutant, Variant
 
 MUTANTS = [
     # tiled_attention_backward (NumPy)
@@ -83,4 +83,11 @@ MUTANTS = [
     Mutant("w38.tc_flash_attention", "a race: no barrier between the copies landing and the tile's use",
            "        __syncthreads();      // ... everyone's; and every warp",
            "        // ... everyone's; and every warp", needs_gpu=True, hint="race"),
+]
+
+# Correct solutions written another way: the graders must accept them.
+VARIANTS = [
+    Variant("w38.flash_forward", "other tiles: query blocks narrower than key blocks",
+            "CPU_TILES = (32, 32, 4, 1)\nTUNE_FROM = 1024\nFORWARD_CONFIGS = [(64, 64, 4, 3),",
+            "CPU_TILES = (16, 64, 4, 1)\nTUNE_FROM = 1024\nFORWARD_CONFIGS = [(32, 128, 4, 2),"),
 ]
