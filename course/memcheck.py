@@ -16,6 +16,9 @@ import numpy as np
 from . import backend
 
 
+OUTSIDE = "outside every tensor it was given"  # in every report of this check
+
+
 class OutOfBounds(AssertionError):
     """A kernel touched memory outside every tensor of its launch."""
 
@@ -112,7 +115,7 @@ class _Launch:
             count, first, size = self.stray[kind]
             if count:
                 verb = "stored" if kind == "store" else "loaded"
-                return (f"`{kernel}` {verb} {count} elements outside every tensor it was given (the first is "
+                return (f"`{kernel}` {verb} {count} elements {OUTSIDE} (the first is "
                         f"{self.where(first, size)}): {fix}, so the last, partial block stays inside the tensor, "
                         f"or look for an index or a stride that runs past it. On a GPU this corrupts memory or "
                         f"faults; the CPU interpreter would not have told you.")
