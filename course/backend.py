@@ -23,11 +23,31 @@ def _count_cuda_devices() -> int:
         return 0
 
 
+def _interpreter_loop_bounds() -> None:
+    """Triton 3.6's interpreter turns a loop bound into an int with int() of a one-element array, which NumPy 2.4
+    refuses ("only 0-dimensional arrays can be converted"); later Triton takes the scalar out first. Do the same
+    whatever the version, so every `tl.range(0, end)` with a computed `end` runs in the interpreter."""
+    try:
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "loop_bounds_fixed", False):
+        return
+
+    def patch(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+    patch.loop_bounds_fixed = True
+    interpreter._patch_lang_tensor = patch
+
+
 ON_GPU = _count_cuda_devices() > 0
 # A cached CUDA program returns an empty ptxas log, and with it an empty resource report.
 os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
+    _interpreter_loop_bounds()
 
 # Tensors for Triton and torch live here; NumPy exercises ignore it.
 DEVICE = "cuda" if ON_GPU else "cpu"
