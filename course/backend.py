@@ -45,7 +45,8 @@ def _interpreter_loop_bounds() -> None:
 ON_GPU = _count_cuda_devices() > 0
 # A cached CUDA program returns an empty ptxas log, and with it an empty resource report.
 os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
-if not ON_GPU:
+# A process that only compiles kernels for a GPU target (course/triton_ptx.py) stays out of the interpreter.
+if not ON_GPU and os.environ.get("COURSE_COMPILE_ONLY") != "1":
     os.environ["TRITON_INTERPRET"] = "1"
     _interpreter_loop_bounds()
 

@@ -21,12 +21,10 @@ INSTRUCTIONS = {"wgmma (Hopper, a warpgroup's asynchronous MMA)": "wgmma.mma_asy
                 "exp2 on the special-function unit": "ex2.approx"}
 
 
-# Run in a fresh process: there Triton is imported after the interpreter switch is cleared, so the kernels of the
+# Run in a fresh process whose environment (_compiler_env) keeps Triton out of its interpreter, so the kernels of the
 # solution module and Triton's own library functions (tl.cdiv, ...) are compilable JIT functions.
 _COMPILE = """
 import importlib.util, json, os, sys
-import course.backend  # sets TRITON_INTERPRET on a machine without a GPU; cleared before Triton is imported
-os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -44,11 +42,18 @@ sys.stdout.write(compiled.asm["ptx"])
 """
 
 
-@functools.lru_cache(maxsize=64)
-def _ptx(args: str) -> str:
+def _compiler_env() -> dict:
+    """The environment of a process that compiles for a GPU on any machine: no interpreter (course/backend.py)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _COMPILE, args], capture_output=True, text=True, env=env, timeout=300)
+    env["COURSE_COMPILE_ONLY"] = "1"
+    return env
+
+
+@functools.lru_cache(maxsize=64)
+def _ptx(args: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, args], capture_output=True, text=True,
+                          env=_compiler_env(), timeout=300)
     if proc.returncode:
         raise RuntimeError((proc.stderr.strip().splitlines() or ["no output"])[-1])
     return proc.stdout
@@ -67,8 +72,6 @@ def instruction_counts(ptx: str) -> dict:
 # Compile each launch the interpreter saw (course/memcheck.Launch) for sm_90; print what the compiler said, per launch.
 _CHECK = """
 import importlib.util, json, os, sys
-import course.backend
-os.environ.pop("TRITON_INTERPRET", None)
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -117,10 +120,8 @@ def gpu_compile_errors(launches: list) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _compile_for_gpu(launches: str, _stamps: tuple) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-c", _CHECK], input=launches, capture_output=True, text=True, env=env,
-                          timeout=GPU_COMPILE_TIMEOUT_S)
+    proc = subprocess.run([sys.executable, "-c", _CHECK], input=launches, capture_output=True, text=True,
+                          env=_compiler_env(), timeout=GPU_COMPILE_TIMEOUT_S)
     if proc.returncode:
         return ""  # the compiler itself could not start here: nothing to say about the learner's kernel
     problems = json.loads(proc.stdout or "[]")
