@@ -124,12 +124,19 @@ def _solution(week: str):
     return importlib.import_module(f"solutions.{week}")
 
 
+def _one_thread() -> None:
+    """A sweep's worker computes on one thread: the pool is the parallelism (16 workers of 16 torch threads each
+    run several times slower than 16 of one)."""
+    import torch
+    torch.set_num_threads(1)
+
+
 def sweep(exercises: list[str], seeds: int, jobs: int) -> dict:
     """False rejections of the reference solutions: exercise -> [(seed, message)] over seeds 0 … seeds − 1."""
     import multiprocessing
     work = [(e, s) for e in exercises for s in range(seeds)]
     found = {e: [] for e in exercises}
-    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+    with multiprocessing.get_context("fork").Pool(jobs, initializer=_one_thread) as pool:
         for exercise, seed, message in pool.imap_unordered(_accepts, work, chunksize=max(1, seeds // 8)):
             if message:
                 found[exercise].append((seed, message))
