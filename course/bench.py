@@ -1,11 +1,18 @@
 """Benchmarks: GPU timing, the machine's two ceilings, recorded results with provenance.
 
-Owns: how anything is timed (`gpu_ms`, `cpu_ms`) and how its memory is measured (`peak_mb`), the ceilings (device-to-device copy bandwidth,
-dense bf16 matmul rate, and their CPU counterparts), the CSV files the course ships in
-course/results/ and `python -m course bench`. What each week measures is in course/wNN/bench.py.
+Owns: how anything is timed and how its memory is measured (`peak_mb`), the ceilings (device-to-device copy
+bandwidth, dense bf16 matmul rate, and their CPU counterparts), the CSV files the course ships in course/results/,
+their rows kept as they are measured (`Rows`), and `python -m course bench`. What each week measures is in
+course/wNN/bench.py.
+
+Two times for a kernel (`timed`): the kernel alone (`kernel_ms`: a CUDA graph replayed, the host's work per call
+left out) and the time per call a user sees (`call_ms`: eager calls back to back, the host's clock), with the
+host's own work per call (`host_us`) beside them. `gpu_ms` is events around eager calls, each after an L2 flush.
 """
 import datetime
 import importlib
+import json
+import math
 import os
 import platform
 import subprocess
@@ -72,6 +79,116 @@ def attempt_ms(fn) -> tuple[float, str]:
     except Exception as exc:  # noqa: BLE001 - a peer's own failure (unsupported shape, backend missing)
         torch.cuda.empty_cache()
         return float("nan"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+
+
+def kernel_ms(fn, rep_ms: float = 200) -> float:
+    """The kernel alone: fn() captured once in a CUDA graph and the graph replayed (gpu_ms: L2 flushed before each
+    replay, events around it), so the host's per-call work (Python, argument checks, the launch) is not counted."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: compilation, autotuning, first allocations
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return gpu_ms(graph.replay, rep_ms=rep_ms)
+
+
+def call_ms(fn, min_s: float = 0.2) -> float:
+    """The time per call a user sees: eager calls back to back, the host's clock from the first to the end of the
+    last one's work. Where the host takes longer per call than the GPU, this is the host's time."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    calls, elapsed = 8, 0.0
+    while elapsed < min_s and calls <= 1 << 20:
+        calls *= 4
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
+    return 1e3 * elapsed / calls
+
+
+def host_us(fn, calls: int = 200) -> float:
+    """The host's own work per call in µs: calls queued behind a long GPU sleep, so no call waits for the GPU."""
+    import torch
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9))  # about a second of GPU clock cycles: longer than queueing the calls
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    host = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return 1e6 * host / calls
+
+
+def timed(fn) -> dict:
+    """Both times of fn and the host's work per call, each NaN with the reason in "note" where it could not be
+    measured (out of memory, a peer that fails, work a CUDA graph cannot hold): the run goes on."""
+    import torch
+    row, notes = {}, []
+    for key, measure in (("ms", kernel_ms), ("call_ms", call_ms), ("host_us", host_us)):
+        try:
+            row[key] = measure(fn)
+        except torch.cuda.OutOfMemoryError:
+            row[key] = math.nan
+            notes.append(f"{key}: out of memory")
+        except Exception as exc:  # noqa: BLE001 - a peer's failure, or a launch a CUDA graph cannot capture
+            row[key] = math.nan
+            notes.append(f"{key}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:100]}")
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        if key == "ms" and math.isnan(row[key]) and "out of memory" not in notes[-1]:
+            row[key], notes[-1] = attempt_ms(fn)[0], notes[-1] + " (eager events instead)"
+    row["note"] = "; ".join(notes)
+    return row
+
+
+def rates(times: dict, nbytes: int, ceiling_gbps: float) -> dict:
+    """A row's times (timed) with the bandwidth each gives for nbytes moved, and the kernel alone's share of the
+    copy ceiling."""
+    gbps, call_gbps = nbytes / times["ms"] / 1e6, nbytes / times["call_ms"] / 1e6
+    return {"ms": round(times["ms"], 4), "call_ms": round(times["call_ms"], 4), "host_us": round(times["host_us"], 1),
+            "GB/s": round(gbps, 1), "call_GB/s": round(call_gbps, 1), "vs_copy": round(gbps / ceiling_gbps, 3),
+            "note": times["note"]}
+
+
+def versus(table, peer_of, keys: list, column: str):
+    """table with `column` (the kernel alone's GB/s over its peer's) and `call_<column>` (the same per call); the
+    peer's row is found by peer_of(row), a tuple of the values of `keys`. NaN where either was not measured."""
+    index = table.set_index(keys)
+    for rate, name in (("GB/s", column), ("call_GB/s", f"call_{column}")):
+        if rate not in table:
+            continue
+        peer = index[rate]
+        table[name] = [round(r[rate] / peer.get(peer_of(r), math.nan), 2) for _, r in table.iterrows()]
+    return table
+
+
+def fits(nbytes: int, share: float = 0.8) -> str:
+    """"" when nbytes fit in the GPU's free memory (a share of it), else why not: a size is skipped with its reason
+    rather than lost to an out-of-memory error."""
+    import torch
+    free, _ = torch.cuda.mem_get_info()
+    return "" if nbytes <= share * free else f"needs {nbytes / 1e9:.1f} GB, {free / 1e9:.1f} GB free"
+
+
+class Rows(list):
+    """A benchmark's rows, each also written to `partial` (one JSON line) the moment it is appended: a run that dies
+    keeps every row it measured. `python -m course bench` points PARTIAL at the week's file."""
+    PARTIAL: Path | None = None
+
+    def append(self, row: dict) -> None:
+        super().append(row)
+        if Rows.PARTIAL is not None:
+            with open(Rows.PARTIAL, "a") as f:
+                f.write(json.dumps(row, default=str) + "\n")
 
 
 def cpu_ms(fn, repeat: int = 5) -> float:
@@ -159,13 +276,25 @@ def main(selector: str, csv: str | None) -> int:
                 print(f"\n{path.relative_to(ROOT)} ({table['device'].iloc[0]}, {table['date'].iloc[0]})")
                 print(table.drop(columns=["torch", "triton", "cupy", "python", "commit"]).to_string(index=False))
         return 0
+    failed = 0
     for week in weeks:
-        table = importlib.import_module(f"course.{week}.bench").run()
+        path = Path(csv) if csv else RESULTS / f"{week}.csv"
+        Rows.PARTIAL = path.with_suffix(".partial.jsonl")
+        Rows.PARTIAL.unlink(missing_ok=True)
         stamp = provenance()
+        try:
+            table = importlib.import_module(f"course.{week}.bench").run()
+        except Exception as exc:  # noqa: BLE001 - the rows measured so far are kept in the partial file
+            failed += 1
+            print(f"{week}: the benchmark stopped ({type(exc).__name__}: {exc}); the rows it measured are in "
+                  f"{Rows.PARTIAL}")
+            continue
+        finally:
+            Rows.PARTIAL = None
         for key, value in stamp.items():
             table[key] = value
-        path = Path(csv) if csv else RESULTS / f"{week}.csv"
         table.to_csv(path, index=False)
+        path.with_suffix(".partial.jsonl").unlink(missing_ok=True)
         print(table.drop(columns=list(stamp)).to_string(index=False))
         print(f"\nwrote {path} ({stamp['device']}, {stamp['date']})")
-    return 0
+    return 1 if failed else 0
