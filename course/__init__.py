@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import backend, bench, roofline  # noqa: F401 - notebooks use course.bench, course.roofline
 from .backend import DEVICE, ON_GPU, banner
+from .registry import kernels  # the one way to the course's kernels: solutions/, or the learner's own exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS_MODE = os.environ.get("COURSE_SOLUTIONS") == "1"
@@ -49,4 +50,5 @@ def show_source(obj) -> None:
     display(Code(text, language="cpp" if language == "cuda" else "python"))
 
 
-__all__ = ["DEVICE", "ON_GPU", "banner", "backend", "bench", "roofline", "check", "show_source", "SOLUTIONS_MODE"]
+__all__ = ["DEVICE", "ON_GPU", "banner", "backend", "bench", "roofline", "check", "kernels", "show_source",
+           "SOLUTIONS_MODE"]

@@ -41,7 +41,6 @@ def cmd_grade(args) -> int:
 def cmd_mutants(args) -> int:
     """Every solution and variant accepted and every mutant rejected with its hint, else exit 1. `--shard K/N` runs
     every N-th of them from the K-th on, so that N processes share the work."""
-    import importlib
     from . import mutants
     from .grading import GradingError, check
     selected = set(registry.select(args.selector))
@@ -53,7 +52,7 @@ def cmd_mutants(args) -> int:
         count += 1
         return count % shards == shard
     for week in registry.WEEKS:
-        solutions = importlib.import_module(f"solutions.{week}")
+        solutions = registry.kernels(week)
         for exercise_id in [e for e in registry.week_tasks(week) if e in selected and mine()]:
             try:
                 report = check(exercise_id, getattr(solutions, exercise_id.split(".")[1]))

@@ -254,7 +254,8 @@ def provenance() -> dict:
                                 text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
-    return {"device": backend.gpu_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+    return {"kernels": registry.edition(), "device": backend.gpu_name(), "date": datetime.date.today().isoformat(),
+            "torch": torch.__version__,
             "triton": triton.__version__, "cupy": cupy_version, "python": platform.python_version(),
             "commit": commit}
 

@@ -120,8 +120,7 @@ def _accepts(args: tuple) -> tuple[str, int, str]:
 
 
 def _solution(week: str):
-    import importlib
-    return importlib.import_module(f"solutions.{week}")
+    return registry.kernels(week)
 
 
 def _one_thread() -> None:

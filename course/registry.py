@@ -1,5 +1,7 @@
-"""Where the weeks and their graded tasks are listed. Owns: selector parsing ("w33", "w33.x", "all")."""
+"""Where the weeks and their graded tasks are listed. Owns: selector parsing ("w33", "w33.x", "all"), and the one
+way into the course's kernels (`kernels`) for benchmarks, demos and notebooks."""
 import importlib
+import importlib.util
 
 WEEKS = ("w33_softmax", "w34_layernorm", "w35_attention_blocks", "w36_mha_analysis", "w37_flash_attention_core",
          "w38_flash_attention_impl")
@@ -34,3 +36,36 @@ def select(selector: str) -> list[str]:
     if not chosen:
         raise SystemExit(f"no exercise matches {selector!r}; try 'all', a week like 'w33', or one of: {', '.join(ids)}")
     return chosen
+
+
+def edition() -> str:
+    """"reference solutions" where solutions/ exists (the instructors' edition), else "your exercises"."""
+    return "reference solutions" if importlib.util.find_spec("solutions") else "your exercises"
+
+
+def kernels(week: str):
+    """The course's kernels of `week` ("w37_flash_attention_core"): the reference solutions in the instructors'
+    edition; in the learner's edition (no solutions/) the learner's own exercise module, whose unsolved exercises
+    raise a one-line NotImplementedYet naming the exercise to solve first."""
+    if edition() == "reference solutions":
+        return importlib.import_module(f"solutions.{week}")
+    return _Yours(importlib.import_module(f"course.exercises.{week}"), week)
+
+
+class _Yours:
+    """The learner's exercise module, as a demo sees it: an exercise whose code is still a stub raises."""
+
+    def __init__(self, module, week: str):
+        self._module, self._week = module, week
+
+    def __getattr__(self, name: str):
+        from .stubs import unfinished
+        from .submission import NotImplementedYet
+        value = getattr(self._module, name)
+        for exercise_id, task in week_tasks(self._week).items():
+            regions = [getattr(self._module, r) for r in task.regions if hasattr(self._module, r)]
+            if exercise_id.split(".")[1] == name and any(unfinished(r) for r in regions):
+                def unsolved(*args, **kwargs):
+                    raise NotImplementedYet(f"this cell runs your `{name}`: solve {exercise_id} first")
+                return unsolved
+        return value

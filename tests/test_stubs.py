@@ -34,3 +34,22 @@ def test_markers_are_replaced_in_python_and_cuda():
     stub = stubs.make_stub(text, "w99_demo")
     assert "return 1" not in stub and "int a;" not in stub
     assert "    # YOUR CODE HERE\n" in stub and "  // YOUR CODE HERE\n" in stub
+
+
+def test_the_course_and_its_notebooks_reach_the_solutions_only_through_the_seam():
+    """course.kernels is the one way in: a learner's edition without solutions/ must still run."""
+    import re
+    pattern = re.compile(r"^\s*(from solutions\b|import solutions\b)|import_module\(f?\"solutions\.", re.M)
+    places = [p for p in (stubs.ROOT / "course").rglob("*.py") if p.name != "registry.py"]
+    places += list((stubs.ROOT / "notebooks").rglob("*.ipynb"))
+    offenders = [str(p.relative_to(stubs.ROOT)) for p in places if pattern.search(p.read_text().replace('\\n"', "\n"))]
+    assert not offenders, f"import solutions through course.kernels(week) instead: {offenders}"
+
+
+def test_in_the_learners_edition_an_unsolved_exercise_names_itself():
+    import importlib
+    from course.submission import NotImplementedYet
+    yours = registry._Yours(importlib.import_module("course.exercises.w33_softmax"), "w33_softmax")
+    with pytest.raises(NotImplementedYet, match="solve w33.online_softmax_update first"):
+        yours.online_softmax_update(None, None, None)
+    assert callable(yours.prepare_rows)  # what is not an exercise passes through

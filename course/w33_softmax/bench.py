@@ -16,7 +16,8 @@ MAX_FUSED_COLS = 65536  # triton_softmax holds a whole row in one block
 
 def kernels() -> dict:
     import torch
-    from solutions import w33_softmax as s
+    from ..registry import kernels
+    s = kernels("w33_softmax")
     return {"block_softmax": s.block_softmax, "warp_softmax": s.warp_softmax,
             "triton_softmax": s.triton_softmax, "online_softmax": s.online_softmax,
             "torch.softmax": lambda x, out=None: torch.softmax(x, dim=-1),
@@ -53,7 +54,8 @@ def run() -> pd.DataFrame:
 def tune(sizes=((4096, 16384), (1024, 65536), (256, 262144)), dtypes=DTYPES) -> pd.DataFrame:
     """Sweep online_softmax's block and warps (for choosing its defaults); GB/s per setting."""
     import torch
-    from solutions.w33_softmax import online_softmax
+    from ..registry import kernels
+    online_softmax = kernels("w33_softmax").online_softmax
     rows = []
     for dtype in dtypes:
         for m, n in sizes:

@@ -18,7 +18,8 @@ def cases(x, w, b, dy, r):
     """{kernel: (stage, peer, fn)}: each course kernel names the torch op it is compared with."""
     import torch
     import torch.nn.functional as F
-    from solutions import w34_layernorm as s
+    from ..registry import kernels
+    s = kernels("w34_layernorm")
     n = x.shape[-1]
     _, mean, rstd = s.layernorm(x, w, b)
     _, rms_rstd = s.rmsnorm(x, w)

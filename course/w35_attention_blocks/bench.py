@@ -106,7 +106,8 @@ def attention_rows(s):
 
 
 def run() -> pd.DataFrame:
-    from solutions import w35_attention_blocks as s
+    from ..registry import kernels
+    s = kernels("w35_attention_blocks")
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
     rows = []
     for part in tqdm((qk_rows, softmax_rows, attention_rows), desc="w35 attention blocks"):

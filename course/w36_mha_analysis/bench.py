@@ -106,7 +106,8 @@ def pipeline_rows(s35):
 
 def short_rows(s35):
     import torch
-    from solutions import w36_mha_analysis as s36
+    from ..registry import kernels
+    s36 = kernels("w36_mha_analysis")
     rows = []
     for n in SHORT_KEYS:
         scores = torch.randn(B, H, 4096, n, device="cuda", dtype=torch.bfloat16)
@@ -145,7 +146,8 @@ PARTS = ("stage", "pipeline", "short", "memory")
 
 def run(parts=PARTS) -> pd.DataFrame:
     from tqdm.auto import tqdm  # here, not at import: notebooks import this module without ipywidgets
-    from solutions import w35_attention_blocks as s35
+    from ..registry import kernels
+    s35 = kernels("w35_attention_blocks")
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
     rows = []
     for part in tqdm(parts, desc="w36 standard attention"):

@@ -68,7 +68,8 @@ COMPOSED = "w35 attention (composed, float32)"
 
 def fp32_rows(s37):
     import torch
-    from solutions import w35_attention_blocks as s35
+    from ..registry import kernels
+    s35 = kernels("w35_attention_blocks")
     rows = []
     n = 4096
     for d in HEAD_DIMS:
@@ -117,7 +118,8 @@ PARTS = ("forward", "fp32", "memory")
 
 def run(parts=PARTS) -> pd.DataFrame:
     from tqdm.auto import tqdm  # here, not at import: notebooks import this module without ipywidgets
-    from solutions import w37_flash_attention_core as s37
+    from ..registry import kernels
+    s37 = kernels("w37_flash_attention_core")
     matmul = bench.matmul_ceiling_tflops()
     rows = []
     for part in tqdm(parts, desc="w37 FlashAttention"):

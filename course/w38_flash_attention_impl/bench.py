@@ -209,7 +209,8 @@ def tensor_cores_rows(s38):
     import torch
     from torch.nn.attention import SDPBackend
 
-    from solutions import w37_flash_attention_core as s37
+    from ..registry import kernels
+    s37 = kernels("w37_flash_attention_core")
     rows = []
     for d in HEAD_DIMS:
         for n in (1024, 4096):
@@ -247,7 +248,8 @@ PARTS = ("backward", "fa2_steps", "gqa", "varlen", "decode", "tensor_cores", "tr
 def run(parts=PARTS) -> pd.DataFrame:
     from tqdm.auto import tqdm  # here, not at import: notebooks import this module without ipywidgets
 
-    from solutions import w38_flash_attention_impl as s38
+    from ..registry import kernels
+    s38 = kernels("w38_flash_attention_impl")
     matmul, copy = bench.matmul_ceiling_tflops(), bench.copy_ceiling_gbps()
     rows = []
     for part in tqdm(parts, desc="w38 FlashAttention implementation"):
