@@ -1,4 +1,4 @@
-"""Command line: python -m course {doctor, grade, mutants, sweep, bench, stubs}. See README.md."""
+"""Command line: python -m course {doctor, grade, gradebook, mutants, sweep, bench, stubs}. See README.md."""
 import argparse
 import sys
 import time
@@ -89,6 +89,41 @@ def cmd_sweep(args) -> int:
     return 1 if total else 0
 
 
+def cmd_gradebook(args) -> int:
+    """Grade a class: SUBMISSIONS/<learner>/wNN_topic.py, each learner's exercises in isolation."""
+    import os
+    from pathlib import Path
+    from . import gradebook
+    folder = Path(args.submissions)
+    if not folder.is_dir():
+        raise SystemExit(f"gradebook: {folder} is not a folder (expected one folder per learner inside it)")
+    book = folder / "_gradebook"
+    out = Path(args.out) if args.out else book / "gradebook.csv"
+    if args.merge:
+        rows = gradebook.merge(book / "parts", out)
+        print(f"merged {len(rows)} rows from {book / 'parts'} into {out}")
+        return 0
+    names = [args.learner] if args.learner else gradebook.learners(folder)
+    if not names:
+        raise SystemExit(f"gradebook: no learner folders in {folder}")
+    if args.slurm:
+        book.mkdir(exist_ok=True)
+        script = book / "gradebook.sbatch"
+        script.write_text(gradebook.slurm_script(folder, args.selector, names))
+        print(f"wrote {script}: submit it with `sbatch {script}`, then run "
+              f"`python -m course gradebook {folder} --merge`")
+        return 0
+    start = time.perf_counter()
+    rows = gradebook.grade_class(folder, args.selector, args.jobs or os.cpu_count() or 1, names,
+                                 progress=lambda r: print(f"{r['learner']:<20} {r['exercise']:<32} {r['status']}",
+                                                          flush=True))
+    gradebook.write(rows, out)
+    passed = sum(r["status"] == "pass" for r in rows)
+    print(f"\n{len(names)} learners, {len(rows)} grades ({passed} passed) in {time.perf_counter() - start:.0f} s: "
+          f"{out}, feedback in {out.parent / 'feedback'}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     from . import bench
     return bench.main(args.selector, args.csv)
@@ -110,6 +145,14 @@ def main(argv=None) -> int:
     p.add_argument("--solutions", action="store_true", help="grade the reference solutions instead")
     p.add_argument("--seed", type=int, help="replay the cases of a failure's seed (no hidden cases)")
     p.add_argument("--exercises", metavar="DIR", help="grade the wNN_topic.py files in DIR instead of course/exercises")
+    p = sub.add_parser("gradebook", help="grade a class: one folder of exercise files per learner")
+    p.add_argument("submissions", metavar="SUBMISSIONS")
+    p.add_argument("selector", nargs="?", default="all")
+    p.add_argument("--jobs", "-j", type=int, help="exercises graded at once (default: every core)")
+    p.add_argument("--out", help="the gradebook CSV (default: SUBMISSIONS/_gradebook/gradebook.csv)")
+    p.add_argument("--learner", help="grade this learner only")
+    p.add_argument("--slurm", action="store_true", help="write an sbatch job array instead (one learner per task)")
+    p.add_argument("--merge", action="store_true", help="join the job array's CSVs into the gradebook")
     p = sub.add_parser("mutants", help="prove the graders reject wrong solutions")
     p.add_argument("selector", nargs="?", default="all")
     p.add_argument("--shard", default="0/1", metavar="K/N", help="every N-th solution or mutant, from the K-th")
@@ -125,7 +168,9 @@ def main(argv=None) -> int:
     if args.command == "doctor":
         from .backend import doctor
         return doctor()
-    return {"grade": cmd_grade, "mutants": cmd_mutants, "sweep": cmd_sweep, "bench": cmd_bench, "stubs": cmd_stubs}[args.command](args)
+    commands = {"grade": cmd_grade, "gradebook": cmd_gradebook, "mutants": cmd_mutants, "sweep": cmd_sweep,
+                "bench": cmd_bench, "stubs": cmd_stubs}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":
