@@ -2,6 +2,7 @@
 fails with the learner-facing "not implemented yet" message. (nbval runs them in solutions mode.)"""
 import json
 import os
+import re
 from pathlib import Path
 
 import nbformat
@@ -32,6 +33,20 @@ def test_first_cell_imports_course_and_prints_the_banner(path):
     first = next(c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
     assert "import course" in first.source and "course.banner()" in first.source
     assert "%autoreload" in first.source
+
+
+MAINTAINER_WORDS = re.compile(r"seed\s*`?0\d\d|\b(the|this|an|our) issue\b|issue #\d|\bsessions?\b|previous recording",
+                              re.IGNORECASE)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_prose_speaks_to_learners_not_maintainers(path):
+    """Sources are named by their titles; no word about how the course was built."""
+    for cell in nbformat.read(path, as_version=4).cells:
+        text = cell.source if cell.cell_type == "markdown" else "\n".join(
+            line for line in cell.source.splitlines() if line.lstrip().startswith("#"))
+        found = MAINTAINER_WORDS.search(text)
+        assert not found, f"{path.name}: {found.group(0)!r} in {text[max(0, found.start() - 60):found.end() + 60]!r}"
 
 
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.stem.startswith("d")], ids=lambda p: p.name)
