@@ -1,6 +1,6 @@
 """Grading: `check(exercise_id, fn)` runs every case of a task and explains what is wrong.
 
-Owns the guarantees of DESIGN.md's Grading section on the judging side: fresh random inputs each run, float64
+Owns the grading guarantees (README, CONTRIBUTING.md) on the judging side: fresh random inputs each run, float64
 references on the inputs as rounded to the case's dtype, per-dtype tolerances with their reasons, and failure
 messages a learner can act on, never our traceback; after a failure, a hint chosen by diagnosing every failing case
 of that dtype together (which known bug do they match?). Running the learner's code (poison, guard bands, banned

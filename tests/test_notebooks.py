@@ -1,4 +1,4 @@
-"""Notebooks: committed clean, laid out as DESIGN.md says, and in stub mode every grading cell
+"""Notebooks: committed clean, laid out as CONTRIBUTING.md says, and in stub mode every grading cell
 fails with the learner-facing "not implemented yet" message. (nbval runs them in solutions mode.)"""
 import json
 import os
