@@ -61,3 +61,13 @@ def test_stub_mode_grading_cells_say_not_implemented(path, monkeypatch):
         errors = [o for o in cell.outputs if o.output_type == "error"]
         assert errors, f"grading cell passed in stub mode: {cell.source}"
         assert "not implemented yet" in errors[0].evalue, errors[0].evalue
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_the_page_title_is_plain_text(path):
+    """The first '# ' heading names the page in the site's menu and the browser tab, where TeX stays raw."""
+    for cell in nbformat.read(path, as_version=4).cells:
+        titles = [line for line in cell.source.splitlines() if line.startswith("# ")]
+        if cell.cell_type == "markdown" and titles:
+            assert "$" not in titles[0] and "\\" not in titles[0], titles[0]
+            return
