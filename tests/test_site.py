@@ -112,6 +112,7 @@ def test_landing_page_renders_and_leads_to_the_syllabus(browser_page):
     assert "book/intro.html" in page.url
     assert "make lab" in page.inner_text("article") and "without a GPU" in page.inner_text("article")
     _check_page(page, min_math=0)
+    assert page.locator("link[rel='icon']").count() == 1, "no favicon: browsers ask for a missing /favicon.ico"
     _follow_next(page, "book/syllabus.html")
 
 
@@ -124,3 +125,25 @@ def test_week33_day_page_renders_math_plots_and_links_to_the_next_day(browser_pa
     _follow_next(page, "notebooks/w33_softmax/d2_block_softmax.html")
     page.screenshot(path=str(SHOTS / "w33_d2.png"), full_page=True)
     _check_page(page, min_math=1)
+
+
+def test_on_a_phone_the_menu_opens_and_leads_to_another_day(browser_page):
+    """At 390 px the sidebar hides behind the menu button: pressing it must show the menu, and a link in it must
+    work."""
+    page = browser_page
+    page.set_viewport_size({"width": 390, "height": 844})
+    try:
+        _open(page, DAY_PAGE, "w33_d1_phone.png")
+        buttons = page.locator("button.primary-toggle")
+        visible = [buttons.nth(i) for i in range(buttons.count()) if buttons.nth(i).is_visible()]
+        assert visible, "no visible menu button at 390 px"
+        visible[0].click()
+        link = page.locator("a.reference.internal[href$='d2_block_softmax.html']:visible").first
+        link.wait_for(state="visible", timeout=5000)
+        page.screenshot(path=str(SHOTS / "w33_d1_phone_menu.png"))
+        link.click()
+        page.wait_for_load_state("networkidle")
+        assert page.url.endswith("notebooks/w33_softmax/d2_block_softmax.html"), page.url
+        assert page.problems == [], page.problems
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
