@@ -378,7 +378,9 @@ def _compare(task, trial, name, got, ref, unwritten, size=None):
     lines = [f"{call.where}: output `{name}` is wrong at {int(bad.sum())} of {bad.size} elements.",
              f"  first wrong element {list(first)} of shape {list(ref.shape)}: got {_pair(got[first], ref[first])}"]
     hint = None
-    if unwritten is not None and unwritten.any():
+    # Never-written is the diagnosis where it explains most of the error; a few poisoned elements among many wrong
+    # ones are more likely a NaN that carried the poison's bits along from garbage the kernel read.
+    if unwritten is not None and unwritten.any() and 2 * int(unwritten.sum()) >= int(bad.sum()):
         idx = [int(i) for i in np.argwhere(unwritten)[0]]
         hint = (f"{int(unwritten.sum())} elements were never written (first at {idx}): does the grid "
                 f"cover every row, and does the mask reach the last, partial block?")
