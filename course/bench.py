@@ -81,7 +81,7 @@ def attempt_ms(fn) -> tuple[float, str]:
         return float("nan"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
 
 
-def kernel_ms(fn, rep_ms: float = 200) -> float:
+def kernel_ms(fn, rep_ms: float = 100) -> float:
     """The kernel alone: fn() captured once in a CUDA graph and the graph replayed (gpu_ms: L2 flushed before each
     replay, events around it), so the host's per-call work (Python, argument checks, the launch) is not counted."""
     import torch
@@ -97,7 +97,7 @@ def kernel_ms(fn, rep_ms: float = 200) -> float:
     return gpu_ms(graph.replay, rep_ms=rep_ms)
 
 
-def call_ms(fn, min_s: float = 0.2) -> float:
+def call_ms(fn, min_s: float = 0.1) -> float:
     """The time per call a user sees: eager calls back to back, the host's clock from the first to the end of the
     last one's work. Where the host takes longer per call than the GPU, this is the host's time."""
     import torch
@@ -299,3 +299,80 @@ def main(selector: str, csv: str | None) -> int:
         print(table.drop(columns=list(stamp)).to_string(index=False))
         print(f"\nwrote {path} ({stamp['device']}, {stamp['date']})")
     return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rows of the attention weeks (35-38): rates from both times, sizes not measured, memory peaks and parts that never
+# stop the run, speedups over a peer. Each row keeps `ms` as the kernel alone (`timed`).
+
+def reason(exc: BaseException) -> str:
+    """An exception in one line, as a row's note: "out of memory", or its type and the first line of its message."""
+    import torch
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "out of memory"
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+
+
+def missed(why: str) -> dict:
+    """The times (as `timed` gives them) of something not measured: NaN, with the reason in "note"."""
+    return {"ms": math.nan, "call_ms": math.nan, "host_us": math.nan, "note": why}
+
+
+def with_rates(times: dict, flops: float = 0, nbytes: float = 0) -> dict:
+    """A row's times (`timed` or `missed`) with the rates they give, each only where its amount is given: TFLOP/s for
+    `flops`, GB/s for `nbytes`, from the kernel alone (`ms`) and per call (`call_TFLOP/s`, `call_GB/s`)."""
+    row = dict(times)
+    for rate, amount, unit in (("TFLOP/s", flops, 1e9), ("GB/s", nbytes, 1e6)):
+        if amount:
+            row[rate], row[f"call_{rate}"] = amount / times["ms"] / unit, amount / times["call_ms"] / unit
+    row["note"] = row.pop("note", "")
+    return row
+
+
+def attempt_peak_mb(fn) -> tuple[float, str]:
+    """(peak_mb(fn), "") or, where fn fails or runs out of memory, (nan, why): a memory row never stops the run."""
+    import torch
+    try:
+        return peak_mb(fn), ""
+    except Exception as exc:  # noqa: BLE001 - out of memory, or a peer's own failure
+        why = reason(exc)
+    torch.cuda.empty_cache()  # here, not in the except block: the traceback held the failed call's tensors
+    return math.nan, why
+
+
+def timed_peak(fn) -> dict:
+    """`timed(fn)` and, where fn ran, the allocator's peak while it runs (`peak_MB`: `attempt_peak_mb`); a peak that
+    could not be measured is NaN with its reason added to "note"."""
+    times = timed(fn)
+    peak, why = attempt_peak_mb(fn) if not math.isnan(times["ms"]) else (math.nan, "")
+    note = "; ".join(filter(None, (times["note"], why and f"peak_MB: {why}")))
+    return {**times, "peak_MB": peak, "note": note}
+
+
+def run_parts(parts: dict, rows: "Rows | None" = None, desc: str = "") -> "Rows":
+    """rows (a new Rows by default) after each part, {name: part(rows)}, appended its rows in order. A part that stops
+    (an error no peer caught) leaves the rows it measured and one row {"part", "kernel": "all", "note"} saying why,
+    and the next part runs."""
+    import torch
+    from tqdm.auto import tqdm  # here, not at import: notebooks import the weeks' modules without ipywidgets
+    rows = Rows() if rows is None else rows
+    for name, part in tqdm(parts.items(), desc=desc):
+        try:
+            part(rows)
+        except Exception as exc:  # noqa: BLE001 - recorded; the other parts' rows are worth keeping
+            rows.append({"part": name, "kernel": "all", **missed(f"the part stopped: {reason(exc)}")})
+        torch.cuda.empty_cache()
+    return rows
+
+
+def speedups(table, keys: list):
+    """table with `speedup` (the peer's `ms` over the row's: kernels alone) and `call_speedup` (the same with
+    `call_ms`: per call). The peer is the row with the same `keys` whose "kernel" is this row's "peer"; NaN where
+    either time is missing."""
+    for time, column in (("ms", "speedup"), ("call_ms", "call_speedup")):
+        if time not in table:
+            continue
+        peers = table.dropna(subset=[time]).drop_duplicates(keys + ["kernel"]).set_index(keys + ["kernel"])[time]
+        table[column] = [peers.get(tuple(r[k] for k in keys) + (r["peer"],), math.nan) / r[time]
+                         for _, r in table.iterrows()]
+    return table

@@ -127,6 +127,7 @@ class CudaKernel:
 
     def __init__(self, source: str, name: str):
         self.source, self.name = source, name
+        self._ready = {}  # dtype -> the loaded function, once compiled and checked (the per-call path skips both)
 
     def report(self, dtypes: tuple[str, ...] = tuple(CUDA_TYPES)) -> tuple[Resources, ...]:
         return compile_report(self.source, self.name, dtypes)
@@ -134,28 +135,46 @@ class CudaKernel:
     def __call__(self, grid, block, *args, shared_bytes: int = 0):
         import torch
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        dtype = str(tensors[0].dtype).removeprefix("torch.")
-        if dtype not in CUDA_TYPES:
-            raise TypeError(f"{self.name}: dtype {dtype} is not supported (use one of {sorted(CUDA_TYPES)})")
-        self.report((dtype,))  # compile errors surface with our line numbers, even on a GPU
-        if not ON_GPU:
-            raise NeedsGPU(f"{self.name} compiled; running a CuPy kernel needs a GPU (none on this machine)")
+        dtype = tensors[0].dtype
+        func = self._ready.get(dtype) or self._load(dtype)
         for t in tensors:
             if not t.is_cuda:
                 raise ValueError(f"{self.name}: every tensor must be on the GPU, got one on {t.device}")
-        func = _cupy_function(self.source, self.name, CUDA_TYPES[dtype])
         if shared_bytes > 48 * 1024:  # past 48 KB a kernel must ask for its dynamic shared memory
             func.max_dynamic_shared_size_bytes = shared_bytes
-        packed = [np.uint64(a.data_ptr()) if isinstance(a, torch.Tensor)
-                  else np.float32(a) if isinstance(a, float) else np.int32(a) for a in args]
+        packed = tuple(np.uint64(a.data_ptr()) if isinstance(a, torch.Tensor)
+                       else np.float32(a) if isinstance(a, float) else np.int32(a) for a in args)
+        func(tuple(grid), tuple(block), packed, shared_mem=shared_bytes, stream=_cupy_stream())
+
+    def _load(self, dtype):
+        """The function for dtype: compile errors surface with our line numbers (also on a GPU), and without a
+        GPU the reason it cannot run."""
+        name = str(dtype).removeprefix("torch.")
+        if name not in CUDA_TYPES:
+            raise TypeError(f"{self.name}: dtype {name} is not supported (use one of {sorted(CUDA_TYPES)})")
+        self.report((name,))
+        if not ON_GPU:
+            raise NeedsGPU(f"{self.name} compiled; running a CuPy kernel needs a GPU (none on this machine)")
+        func = self._ready[dtype] = _cupy_function(self.source, self.name, CUDA_TYPES[name])
+        return func
+
+
+_STREAMS: dict = {}  # torch's raw stream handle -> the CuPy stream object that wraps it
+
+
+def _cupy_stream():
+    """torch's current stream as a CuPy stream (made once per stream)."""
+    import torch
+    raw = torch.cuda.current_stream().cuda_stream
+    stream = _STREAMS.get(raw)
+    if stream is None:
         import warnings
 
         import cupy
         with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; 13 has no replacement
             warnings.simplefilter("ignore", DeprecationWarning)
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-        with stream:
-            func(tuple(grid), tuple(block), tuple(packed), shared_mem=shared_bytes)
+            stream = _STREAMS[raw] = cupy.cuda.ExternalStream(raw)
+    return stream
 
 
 @lru_cache(maxsize=64)

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from course.backend import ON_GPU
 from course.cuda import CudaKernel
+from course.launch import launch
 from course.rows import prepare_rows
 
 EPS = 1e-5
@@ -213,10 +214,10 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: to
     block, warps = _row_launch(n_cols, x.element_size(), "layernorm")
     args = (x2, weight, bias, out2, mean, rstd)
     if n_cols >= 8192 and block * x.element_size() <= 65536:  # long rows: the loop (tools/exp_w34_s5.py, H200)
-        layernorm_loop_kernel[(min(2 * _sms(x), n_rows),)](*args, n_rows, n_cols, eps, BLOCK=block,
-                                                           COMPUTE=_compute_dtype(x), STAGES=3, num_warps=8)
+        launch(layernorm_loop_kernel, (min(2 * _sms(x), n_rows),), *args, n_rows, n_cols, eps, BLOCK=block,
+               COMPUTE=_compute_dtype(x), STAGES=3, num_warps=8)
     else:
-        layernorm_kernel[(n_rows,)](*args, n_cols, eps, BLOCK=block, COMPUTE=_compute_dtype(x), num_warps=warps)
+        launch(layernorm_kernel, (n_rows,), *args, n_cols, eps, BLOCK=block, COMPUTE=_compute_dtype(x), num_warps=warps)
     return out, mean, rstd
 
 
@@ -241,8 +242,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = No
     _check_params("rmsnorm", x, weight)
     rstd = _stats_like(x)
     block, warps = _row_launch(n_cols, x.element_size(), "rmsnorm", bytes_per_warp=1024)  # less work per byte
-    rmsnorm_kernel[(n_rows,)](x2, weight, out2, rstd, n_cols, eps, BLOCK=block, COMPUTE=_compute_dtype(x),
-                              num_warps=warps)
+    launch(rmsnorm_kernel, (n_rows,), x2, weight, out2, rstd, n_cols, eps, BLOCK=block, COMPUTE=_compute_dtype(x),
+           num_warps=warps)
     return out, rstd
 
 
@@ -380,8 +381,8 @@ def _sum_parts(parts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     n_parts, n_cols = parts.shape
     out = torch.empty(n_cols, dtype=like.dtype, device=like.device)
     block_n = min(SUM_COLS, triton.next_power_of_2(n_cols))
-    weight_grad_kernel[(triton.cdiv(n_cols, block_n),)](parts, out, n_parts, n_cols, BLOCK_P=32 if ON_GPU else 4,
-                                                        BLOCK_N=block_n, num_warps=4)
+    launch(weight_grad_kernel, (triton.cdiv(n_cols, block_n),), parts, out, n_parts, n_cols,
+           BLOCK_P=32 if ON_GPU else 4, BLOCK_N=block_n, num_warps=4)
     return out
 
 
@@ -408,11 +409,10 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
     args = (x2, weight, dy.view(-1, n_cols), mean if centred else rstd, rstd, dx2, parts, n_rows, n_cols,
             rows_per_program, parts.shape[1])
     if long:
-        long_row_backward_kernel[(n_parts,)](*args, HALF=block // 2, CENTRED=centred, num_warps=16)
+        launch(long_row_backward_kernel, (n_parts,), *args, HALF=block // 2, CENTRED=centred, num_warps=16)
     else:
-        norm_backward_kernel[(n_parts,)](*args, BLOCK=block, CENTRED=centred, COMPUTE=_compute_dtype(x),
-                                         WANT_DX=want_dx, STAGES=3 if n_cols <= 8192 else 1,
-                                         num_warps=4 if n_cols <= 4096 else 8)
+        launch(norm_backward_kernel, (n_parts,), *args, BLOCK=block, CENTRED=centred, COMPUTE=_compute_dtype(x),
+               WANT_DX=want_dx, STAGES=3 if n_cols <= 8192 else 1, num_warps=4 if n_cols <= 4096 else 8)
     if not want_weights:
         return dx, None, None
     sums = _sum_parts(parts, x)
@@ -494,6 +494,6 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
         raise ValueError(f"fused_add_rmsnorm: residual must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     h = torch.empty_like(x)
     block, warps = _row_launch(n_cols, x.element_size(), "fused_add_rmsnorm")
-    fused_add_rmsnorm_kernel[(n_rows,)](x2, residual.view(-1, n_cols), weight, out2, h.view(-1, n_cols), n_cols, eps,
-                                        BLOCK=block, COMPUTE=_compute_dtype(x), num_warps=warps)
+    launch(fused_add_rmsnorm_kernel, (n_rows,), x2, residual.view(-1, n_cols), weight, out2, h.view(-1, n_cols), n_cols,
+           eps, BLOCK=block, COMPUTE=_compute_dtype(x), num_warps=warps)
     return out, h

@@ -47,3 +47,14 @@ def test_rates_give_both_bandwidths_and_the_share_of_the_ceiling():
     times = {"ms": 0.01, "call_ms": 0.02, "host_us": 15.0, "note": ""}
     row = bench.rates(times, 30_000_000, 3000.0)
     assert (row["GB/s"], row["call_GB/s"], row["vs_copy"]) == (3000.0, 1500.0, 1.0)
+
+
+def test_a_peer_that_cannot_be_imported_is_a_row_with_its_reason():
+    from course import peers
+    fn = peers._from("no_such_library_here", lambda lib: lambda: lib.softmax)
+    try:
+        fn()
+    except RuntimeError as exc:
+        assert "no_such_library_here not usable here: ModuleNotFoundError" in str(exc)
+    else:
+        raise AssertionError("an unusable peer must raise with its reason")

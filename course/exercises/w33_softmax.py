@@ -11,6 +11,7 @@ import triton.language as tl
 
 from course.backend import ON_GPU
 from course.cuda import CudaKernel
+from course.launch import launch
 from course.rows import prepare_rows
 
 
@@ -198,8 +199,8 @@ def triton_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Te
     block = max(16, triton.next_power_of_2(n_cols))
     if block > 65536:
         raise ValueError(f"triton_softmax: rows of {n_cols} columns do not fit one block; use online_softmax")
-    softmax_kernel[(n_rows,)](x2, out2, n_cols, BLOCK=block, num_warps=_row_warps(block, x.element_size()),
-                              maxnreg=ROW_REGISTER_CAP.get((block, x.element_size())))
+    launch(softmax_kernel, (n_rows,), x2, out2, n_cols, BLOCK=block, num_warps=_row_warps(block, x.element_size()),
+           maxnreg=ROW_REGISTER_CAP.get((block, x.element_size())))
     return out
 
 
@@ -244,68 +245,73 @@ def online_softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr, STAGES: tl.
 
 
 @triton.jit
-def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, clean_ptr, n_cols, n_splits, n_clean,
+def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_rows, n_splits,
                          BLOCK: tl.constexpr, MAX_SPLITS: tl.constexpr):
     # GPU only. A long row is split over n_splits programs, each holding BLOCK columns in registers:
-    # each publishes its (m, l), waits for its siblings, merges their states (day 5's merge) and
-    # writes. Reads MN once, writes MN once. Programs take tickets in the order they start, so a
-    # program only waits for siblings that have already started: no deadlock as long as n_splits
-    # programs fit on the GPU at once. The counters in sync_ptr start at zero; this launch zeroes
-    # clean_ptr (the previous launch's counters) for the next one, which saves a memset per call.
+    # each publishes its (m, l), waits for its siblings, merges their states (day 5's merge) and writes
+    # its exponentials rescaled (one exp per element). Reads MN once, writes MN once. Programs take
+    # tickets in the order they start, so a program only waits for siblings that have already started:
+    # no deadlock as long as n_splits programs fit on the GPU at once. sync_ptr holds [tickets, departures, one arrival count per row],
+    # zero at the start; the last program to leave zeroes them again, so the next launch (or the
+    # replay of a CUDA graph holding this one) finds them clean.
     ticket = tl.atomic_add(sync_ptr, 1)
-    for j in range(tl.program_id(0), n_clean, tl.num_programs(0)):
-        tl.store(clean_ptr + j, 0)
     row = ticket // n_splits
     cols = (ticket % n_splits) * BLOCK + tl.arange(0, BLOCK)
     offsets = row.to(tl.int64) * n_cols + cols
     x = tl.load(x_ptr + offsets, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
     m = tl.max(x, axis=0)
-    tl.store(state_ptr + 2 * ticket, m)  # an all -inf chunk publishes the empty state (-inf, 0)
-    tl.store(state_ptr + 2 * ticket + 1, tl.sum(tl.exp(x - tl.where(m == -float("inf"), 0.0, m)), axis=0))
-    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+    shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf piece publishes the empty state (-inf, 0)
+    p = tl.exp(x - shift)  # kept: the output is p rescaled, one exponential per element in all
+    tl.store(state_ptr + 2 * ticket, m)
+    tl.store(state_ptr + 2 * ticket + 1, tl.sum(p, axis=0))
+    arrived = tl.atomic_add(sync_ptr + 2 + row, 1, sem="release") + 1
     while arrived < n_splits:
-        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+        arrived = tl.atomic_add(sync_ptr + 2 + row, 0, sem="acquire")
     sibling = row * n_splits + tl.arange(0, MAX_SPLITS)
     live = tl.arange(0, MAX_SPLITS) < n_splits
     ms = tl.load(state_ptr + 2 * sibling, mask=live, other=-3.0e38, cache_modifier=".cg")
     ls = tl.load(state_ptr + 2 * sibling + 1, mask=live, other=0.0, cache_modifier=".cg")
     m_row = tl.max(ms, axis=0)
-    inv_sum = 1.0 / tl.sum(ls * tl.exp(ms - m_row), axis=0)
-    tl.store(y_ptr + offsets, (tl.exp(x - m_row) * inv_sum).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+    scale = tl.exp(shift - m_row) / tl.sum(ls * tl.exp(ms - m_row), axis=0)
+    tl.store(y_ptr + offsets, (p * scale).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+    if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel") == n_rows * n_splits - 1:  # every sibling has left
+        for start in range(0, 2 + n_rows, 1024):
+            idx = start + tl.arange(0, 1024)
+            tl.store(sync_ptr + idx, 0, mask=idx < 2 + n_rows)
 
 
 SPLIT_BLOCK = 8192        # columns per program of split_softmax_kernel (fp32: 32 KB in registers)
 SPLIT_MIN_COLS = 16384    # measured on an H200: below this, the looped kernel is as fast
-_COUNTERS: dict = {}      # (device, stream) -> two int32 counter buffers, swapped at every launch
+_SCRATCH: dict = {}       # (device, stream) -> split_softmax_kernel's counters (zero between launches) and states
 
 
-def _split_counters(n: int, device) -> tuple:
-    """The zeroed counters a split launch counts in, and the previous launch's, which it zeroes.
-    Launches on one stream run in order, so a buffer is clean again before its next use."""
+def _split_scratch(n_rows: int, n_states: int, device) -> tuple:
+    """split_softmax_kernel's int32 counters and float32 states for this stream, kept between calls: launches
+    on one stream run one after another, and each leaves the counters at zero."""
     key = (device, torch.cuda.current_stream(device).cuda_stream)
-    pair = _COUNTERS.get(key)
-    if pair is None or pair[0].numel() < n:
-        pair = [torch.zeros(n, dtype=torch.int32, device=device) for _ in range(2)]
-    _COUNTERS[key] = pair[::-1]
-    return pair[0], pair[1]
+    sync, states = _SCRATCH.get(key, (None, None))
+    if sync is None or sync.numel() < 2 + n_rows:
+        sync = torch.zeros(2 + n_rows, dtype=torch.int32, device=device)
+    if states is None or states.numel() < n_states:
+        states = torch.empty(n_states, dtype=torch.float32, device=device)
+    _SCRATCH[key] = sync, states
+    return sync, states
 
 
 def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
                    block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
     """Row softmax for rows of any length with the looped online-softmax Triton kernel (on a GPU,
-    long float32 rows are split across programs instead). `block` and `num_warps` tune the loop."""
+    long rows are split across programs instead). `block` and `num_warps` tune the loop."""
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "online_softmax")
-    if ON_GPU and x.dtype == torch.float32 and n_cols >= SPLIT_MIN_COLS and block is None:
+    if ON_GPU and n_cols >= SPLIT_MIN_COLS and block is None:
         splits = triton.cdiv(n_cols, SPLIT_BLOCK)
-        sync, clean = _split_counters(1 + n_rows, x.device)
-        states = torch.empty(2 * n_rows * splits, dtype=torch.float32, device=x.device)
-        split_softmax_kernel[(n_rows * splits,)](x2, out2, sync, states, clean, n_cols, splits, clean.numel(),
-                                                 BLOCK=SPLIT_BLOCK, MAX_SPLITS=max(2, triton.next_power_of_2(splits)),
-                                                 num_warps=8)
+        sync, states = _split_scratch(n_rows, 2 * n_rows * splits, x.device)
+        launch(split_softmax_kernel, (n_rows * splits,), x2, out2, sync, states, n_cols, n_rows, splits,
+               BLOCK=SPLIT_BLOCK, MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=8)
         return out
     block = block or min(max(16, triton.next_power_of_2(n_cols)), 8192)  # defaults tuned on an H200
-    online_softmax_kernel[(n_rows,)](x2, out2, n_cols, BLOCK=block, STAGES=3,
-                                     num_warps=num_warps or max(1, min(16, block // 512)))
+    launch(online_softmax_kernel, (n_rows,), x2, out2, n_cols, BLOCK=block, STAGES=3,
+           num_warps=num_warps or max(1, min(16, block // 512)))
     return out
 
 
@@ -325,5 +331,5 @@ def log_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tenso
     block = max(16, triton.next_power_of_2(n_cols))
     if block > 65536:
         raise ValueError(f"log_softmax: rows of {n_cols} columns do not fit one block")
-    log_softmax_kernel[(n_rows,)](x2, out2, n_cols, BLOCK=block, num_warps=_row_warps(block, x.element_size()))
+    launch(log_softmax_kernel, (n_rows,), x2, out2, n_cols, BLOCK=block, num_warps=_row_warps(block, x.element_size()))
     return out

@@ -1,12 +1,14 @@
 """Week 33 benchmark: every softmax kernel of the course vs torch.softmax and the copy ceiling,
-fp32 and bf16, one run, two times each (the kernel alone and the per-call time a user sees: course/bench.py).
-Bytes come from the cost model (read x once, write y once)."""
+fp32 and bf16, one run, two times each (the kernel alone and the per-call time a user sees: course/bench.py),
+with QuACK, Liger-Kernel and torch.compile beside them (course/peers.py). `online_softmax loop` is the looped kernel
+of the exercise where the launcher splits long rows instead. Bytes come from the cost model (read x once, write y
+once)."""
 import math
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .. import bench
+from .. import bench, peers
 from .reference import softmax_cost
 
 SIZES = ((4096, 1024), (4096, 4096), (4096, 16384), (1024, 65536), (256, 262144))
@@ -24,31 +26,47 @@ def kernels() -> dict:
             "copy": lambda x, out: out.copy_(x)}
 
 
+LIBRARIES = {"quack": "quack.softmax", "liger": "liger softmax", "compile": "torch.compile softmax"}
+COURSE = ("block_softmax", "warp_softmax", "triton_softmax", "online_softmax")
+
+
 def run() -> pd.DataFrame:
     import torch
+    from ..registry import kernels as edition
     ceiling = bench.copy_ceiling_gbps()
     matmul = bench.matmul_ceiling_tflops()
     rows = bench.Rows()
-    work = [(d, m, n, k) for d in DTYPES for m, n in SIZES for k in kernels()]
-    for dtype, m, n, name in tqdm(work, desc="w33 softmax"):
-        if name == "triton_softmax" and n > MAX_FUSED_COLS:
-            continue
-        fn = kernels()[name]
+    for dtype, (m, n) in tqdm([(d, s) for d in DTYPES for s in SIZES], desc="w33 softmax"):
         nbytes = softmax_cost(m, n, torch.tensor([], dtype=getattr(torch, dtype)).element_size())["bytes"]
-        row = {"kernel": name, "dtype": dtype, "M": m, "N": n}
-        if bench.fits(4 * nbytes):  # x, y and the float32 reference
-            rows.append({**row, "ms": math.nan, "note": bench.fits(4 * nbytes)})
+        row = {"dtype": dtype, "M": m, "N": n}
+        why = bench.fits(4 * nbytes)  # x, y and the float32 reference
+        if why:
+            rows.append({**row, "kernel": "all", "ms": math.nan, "note": why})
             continue
         x = torch.randn(m, n, device="cuda", dtype=getattr(torch, dtype)) * 4
         out = torch.empty_like(x)
-        y = fn(x, out)
-        error = 0.0 if name == "copy" else (y.float() - torch.softmax(x.float(), -1)).abs().max().item()
-        times = bench.timed(lambda: fn(x, out))
-        rows.append({**row, **bench.rates(times, nbytes, ceiling), "max_abs_error": f"{error:.1e}",
-                     "copy_ceiling_GB/s": round(ceiling, 1), "matmul_ceiling_TFLOP/s": round(matmul, 1)})
-        del x, out, y
-    return bench.versus(pd.DataFrame(rows), lambda r: ("torch.softmax", r["dtype"], r["M"], r["N"]),
-                        ["kernel", "dtype", "M", "N"], "vs_torch")
+        expected = torch.softmax(x.float(), -1)
+        fns = {name: (lambda fn=fn: fn(x, out)) for name, fn in kernels().items()
+               if name != "triton_softmax" or n <= MAX_FUSED_COLS}
+        if n >= edition("w33_softmax").SPLIT_MIN_COLS:  # where the launcher splits rows instead
+            online = kernels()["online_softmax"]
+            fns["online_softmax loop"] = lambda: online(x, out, block=8192)
+        for name, fn in {**fns, **peers.softmax(x)}.items():
+            try:
+                error = 0.0 if name == "copy" else f"{(fn().float() - expected).abs().max().item():.1e}"
+            except Exception as exc:  # noqa: BLE001 - a peer that fails: its row says why (timed records it)
+                error = f"{type(exc).__name__}"
+            times = bench.timed(fn)
+            rows.append({**row, "kernel": name, **bench.rates(times, nbytes, ceiling), "max_abs_error": error,
+                         "copy_ceiling_GB/s": round(ceiling, 1), "matmul_ceiling_TFLOP/s": round(matmul, 1)})
+        del x, out, expected
+        torch.cuda.empty_cache()
+    table = bench.versus(pd.DataFrame(rows), lambda r: ("torch.softmax", r["dtype"], r["M"], r["N"]),
+                         ["kernel", "dtype", "M", "N"], "vs_torch")
+    for library, peer in LIBRARIES.items():
+        table = bench.versus(table, lambda r: (peer if r["kernel"] in COURSE else None, r["dtype"], r["M"], r["N"]),
+                             ["kernel", "dtype", "M", "N"], f"vs_{library}")
+    return table
 
 
 def tune(sizes=((4096, 16384), (1024, 65536), (256, 262144)), dtypes=DTYPES) -> pd.DataFrame:

@@ -1,13 +1,14 @@
 """Week 34 benchmark: forward and backward of both norms and the fused residual add + RMSNorm, course
 kernels vs torch (F.layer_norm, F.rms_norm, their autograd backward, eager add + rms_norm) and the copy
 ceiling, fp32 and bf16, one run, two times each (the kernel alone and the per-call time a user sees:
-course/bench.py). Bytes come from the cost model (reference.norm_cost)."""
+course/bench.py), with QuACK, Liger-Kernel and torch.compile beside them (course/peers.py). Bytes come from the
+cost model (reference.norm_cost)."""
 import math
 
 import pandas as pd
 from tqdm.auto import tqdm
 
-from .. import bench
+from .. import bench, peers
 from .reference import norm_cost
 
 SIZES = ((4096, 1024), (4096, 4096), (4096, 8192), (4096, 16384), (32768, 4096))
@@ -41,7 +42,25 @@ def cases(x, w, b, dy, r):
                                     lambda: torch.autograd.grad(y_rms, (xg, wg), dy, retain_graph=True)),
         "fused_add_rmsnorm": ("fused", "torch add + F.rms_norm", lambda: s.fused_add_rmsnorm(x, r, w, out)),
         "torch add + F.rms_norm": ("fused", "torch add + F.rms_norm", lambda: F.rms_norm(x + r, (n,), w, eps=1e-5)),
+        **{name: ("forward", TORCH[course], fn) for name, (course, fn) in peers.norms_forward(x, w, b).items()},
+        **{name: ("backward", TORCH[course], fn) for name, (course, fn) in peers.norms_backward(x, w, b, dy).items()},
+        **{name: ("fused", TORCH["fused_add_rmsnorm"], fn) for name, fn in peers.fused_add_rmsnorm(x, r, w).items()},
     }
+
+
+TORCH = {"layernorm": "F.layer_norm", "rmsnorm": "F.rms_norm", "layernorm_backward": "torch layer_norm backward",
+         "rmsnorm_backward": "torch rms_norm backward", "fused_add_rmsnorm": "torch add + F.rms_norm"}
+# each course kernel's peer in each library (the torch one is the row's "peer" column)
+LIBRARIES = {"quack": {"layernorm": "quack layernorm", "rmsnorm": "quack rmsnorm",
+                       "layernorm_backward": "quack layernorm backward", "rmsnorm_backward": "quack rmsnorm backward",
+                       "fused_add_rmsnorm": "quack add+rmsnorm"},
+             "liger": {"layernorm": "liger layernorm", "rmsnorm": "liger rmsnorm",
+                       "layernorm_backward": "liger layernorm backward", "rmsnorm_backward": "liger rmsnorm backward",
+                       "fused_add_rmsnorm": "liger add+rmsnorm"},
+             "compile": {"layernorm": "torch.compile layer_norm", "rmsnorm": "torch.compile rms_norm",
+                         "layernorm_backward": "torch.compile layer_norm backward",
+                         "rmsnorm_backward": "torch.compile rms_norm backward",
+                         "fused_add_rmsnorm": "torch.compile add+rms_norm"}}
 
 
 def run() -> pd.DataFrame:
@@ -64,5 +83,9 @@ def run() -> pd.DataFrame:
                          **bench.rates(times, norm_cost(m, n, size, stage)["bytes"], ceiling),
                          "copy_ceiling_GB/s": round(ceiling, 1), "matmul_ceiling_TFLOP/s": round(matmul, 1)})
         del x, dy, r
-    return bench.versus(pd.DataFrame(rows), lambda r: (r["peer"], r["dtype"], r["M"], r["N"]),
-                        ["kernel", "dtype", "M", "N"], "vs_torch")
+    table = bench.versus(pd.DataFrame(rows), lambda r: (r["peer"], r["dtype"], r["M"], r["N"]),
+                         ["kernel", "dtype", "M", "N"], "vs_torch")
+    for library, peer in LIBRARIES.items():
+        table = bench.versus(table, lambda r: (peer.get(r["kernel"]), r["dtype"], r["M"], r["N"]),
+                             ["kernel", "dtype", "M", "N"], f"vs_{library}")
+    return table

@@ -4,20 +4,25 @@
   softmax) and the copy ceiling, no mask and causal;
 - attention: time and peak extra memory of the composed attention vs torch's matmul-softmax-matmul,
   SDPA's math backend and SDPA's default (FlashAttention) for perspective.
-`speedup` is the peer's time over this row's time, both from this run. FLOPs and bytes come from
-reference.py's cost model."""
+Two times per row (course/bench.py `timed`): `ms` the kernel alone, `call_ms` per call as a user sees it, and the rates
+of each (`TFLOP/s`, `GB/s`; `call_TFLOP/s`, `call_GB/s`). `speedup` is the peer's ms over this row's (`call_speedup`:
+the same per call), both from this run. A size or peer that does not fit, or fails, has NaN and the reason in `note`.
+FLOPs and bytes come from reference.py's cost model."""
 import math
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from .. import bench
 from . import reference as ref
 
 B, H = 4, 16
+DEVICE = "cuda"
 QK_SIZES = [(n, d) for n in (1024, 4096) for d in (64, 128)]
 SOFTMAX_SIZES = (1024, 2048, 4096)
 MASKS = ("none", "causal")
+# bytes per (query, key) pair each attention peer holds at its peak, with a margin: the composed attention a float32
+# S, the eager chain two bf16 squares, SDPA's math backend float32 scores and probabilities, SDPA's default none
+PAIR_BYTES = {"attention": 8, "torch matmul-softmax-matmul": 8, "SDPA math": 12, "SDPA default": 0}
 
 
 def _causal_keep(n, device):
@@ -25,32 +30,44 @@ def _causal_keep(n, device):
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
-def qk_rows(s):
+def _randn(*shape):
     import torch
-    rows = []
+    return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16)
+
+
+def qk_rows(s, rows=None):
+    import torch
+    rows = bench.Rows() if rows is None else rows
     for n, d in QK_SIZES:
-        q, k = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        out = torch.empty(B, H, n, n, device="cuda", dtype=torch.bfloat16)
         cost = ref.qk_cost(B * H, n, n, d, 2)
+        why = bench.fits(2 * cost["bytes"])  # q, k, the scores, and as much again
+        q = k = out = None  # allocated only where they fit
+        if not why:
+            q, k = _randn(B, H, n, d), _randn(B, H, n, d)
+            out = torch.empty(B, H, n, n, device=DEVICE, dtype=torch.bfloat16)
         fns = {"qk_scores": lambda: s.qk_scores(q, k, out=out),
                "torch.matmul": lambda: torch.matmul(q, k.transpose(-1, -2), out=out)}
         if n == 1024:
             fns["tiled_matmul"] = lambda: s.tiled_matmul(q, k, out=out)
         for name, fn in fns.items():
-            ms = bench.gpu_ms(fn)
+            times = bench.missed(why) if why else bench.timed(fn)
             rows.append({"part": "qk", "kernel": name, "peer": "torch.matmul", "mask": "none", "N": n, "d": d,
-                         "ms": ms, "TFLOP/s": cost["flops"] / ms / 1e9, "GB/s": cost["bytes"] / ms / 1e6})
-        del q, k, out
+                         **bench.with_rates(times, cost["flops"], cost["bytes"])})
+        del q, k, out, fns
+        torch.cuda.empty_cache()
     return rows
 
 
-def softmax_rows(s):
+def softmax_rows(s, rows=None):
     import torch
-    rows = []
+    rows = bench.Rows() if rows is None else rows
     for n in SOFTMAX_SIZES:
-        scores = torch.randn(B, H, n, n, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty_like(scores)
-        keep = _causal_keep(n, "cuda")
+        square = B * H * n * n * 2
+        why = bench.fits(6 * square + n * n)  # scores, out, eager's three temporaries, a margin; the mask
+        scores = out = keep = None  # allocated only where they fit
+        if not why:
+            scores, keep = _randn(B, H, n, n), _causal_keep(n, DEVICE)
+            out = torch.empty_like(scores)
         scale = 1 / math.sqrt(128)
         for mask in MASKS:
             causal = mask == "causal"
@@ -61,27 +78,30 @@ def softmax_rows(s):
                    "torch eager": eager, "copy": lambda: out.copy_(scores)}
             cost = ref.softmax_cost(B * H, n, n, 2, causal)
             for name, fn in fns.items():
-                ms = bench.gpu_ms(fn)
-                nbytes = 4 * B * H * n * n if name == "copy" else cost["bytes"]
-                rows.append({"part": "softmax", "kernel": name, "peer": "torch eager", "mask": mask, "N": n,
-                             "d": 128, "ms": ms, "GB/s": nbytes / ms / 1e6})
-        del scores, out
+                times = bench.missed(why) if why else bench.timed(fn)
+                rows.append({"part": "softmax", "kernel": name, "peer": "torch eager", "mask": mask, "N": n, "d": 128,
+                             **bench.with_rates(times, nbytes=2 * square if name == "copy" else cost["bytes"])})
+        del scores, out, keep, fns
+        torch.cuda.empty_cache()
     return rows
 
 
-def attention_rows(s):
+def attention_rows(s, rows=None):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     F = torch.nn.functional
-    rows = []
+    rows = bench.Rows() if rows is None else rows
 
     def sdpa_math(q, k, v, causal):
         with sdpa_kernel(SDPBackend.MATH):
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
     for n, d in QK_SIZES:
-        q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        keep = _causal_keep(n, "cuda")
+        why = bench.fits(4 * B * H * n * d * 2 + n * n)  # q, k, v, the output; the mask
+        q = k = v = keep = None  # allocated only where they fit
+        if not why:
+            q, k, v = (_randn(B, H, n, d) for _ in range(3))
+            keep = _causal_keep(n, DEVICE)
         scale = 1 / math.sqrt(d)
         for mask in MASKS:
             causal = mask == "causal"
@@ -97,29 +117,35 @@ def attention_rows(s):
                    "SDPA default": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
             flops = ref.attention_flops(B * H, n, n, d) // (2 if causal else 1)
             for name, fn in fns.items():
-                ms = bench.gpu_ms(fn)
+                skip = why or bench.fits(PAIR_BYTES[name] * B * H * n * n)
+                times = {**bench.missed(skip), "peak_MB": math.nan} if skip else bench.timed_peak(fn)
                 rows.append({"part": "attention", "kernel": name, "peer": "torch matmul-softmax-matmul",
-                             "mask": mask, "N": n, "d": d, "ms": ms, "TFLOP/s": flops / ms / 1e9,
-                             "peak_MB": bench.peak_mb(fn)})
-        del q, k, v
+                             "mask": mask, "N": n, "d": d, **bench.with_rates(times, flops)})
+        del q, k, v, keep, fns, eager
+        torch.cuda.empty_cache()
     return rows
 
 
-def run() -> pd.DataFrame:
+PARTS = ("qk", "softmax", "attention")
+
+
+def run(parts=PARTS) -> pd.DataFrame:
     from ..registry import kernels
     s = kernels("w35_attention_blocks")
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
-    rows = []
-    for part in tqdm((qk_rows, softmax_rows, attention_rows), desc="w35 attention blocks"):
-        rows += part(s)
+    rows = bench.run_parts({p: lambda rows, p=p: globals()[f"{p}_rows"](s, rows) for p in parts},
+                           desc="w35 attention blocks")
     table = pd.DataFrame(rows)
     table.insert(0, "dtype", "bfloat16")
     table.insert(1, "B", B)
     table.insert(2, "H", H)
-    peer_ms = table.set_index(["part", "kernel", "mask", "N", "d"])["ms"]
-    table["speedup"] = [peer_ms[(r.part, r.peer, r.mask, r.N, r.d)] / r.ms for r in table.itertuples()]
+    for column in ("ms", "call_ms", "TFLOP/s", "GB/s", "peak_MB"):  # a run of some parts may have none of a column
+        if column not in table:
+            table[column] = math.nan
+    table = bench.speedups(table, ["part", "mask", "N", "d"])
     table["vs_copy"] = table["GB/s"] / copy
     table["vs_matmul"] = table["TFLOP/s"] / matmul
     table["copy_ceiling_GB/s"], table["matmul_ceiling_TFLOP/s"] = copy, matmul
-    return table.round({"ms": 4, "TFLOP/s": 1, "GB/s": 1, "peak_MB": 1, "speedup": 2, "vs_copy": 3,
-                        "vs_matmul": 3, "copy_ceiling_GB/s": 1, "matmul_ceiling_TFLOP/s": 1})
+    return table.round({"ms": 4, "call_ms": 4, "host_us": 1, "TFLOP/s": 1, "call_TFLOP/s": 1, "GB/s": 1,
+                        "call_GB/s": 1, "peak_MB": 1, "speedup": 2, "call_speedup": 2, "vs_copy": 3, "vs_matmul": 3,
+                        "copy_ceiling_GB/s": 1, "matmul_ceiling_TFLOP/s": 1})

@@ -12,7 +12,10 @@
   option C, next to the cost model's `standard_peak_bytes`.
 `peak_MB`: in the memory rows the inputs are drawn inside the measured call, so it counts Q, K, V as the
 model does; in the pipeline rows they exist before it, so it is the memory the attention adds.
-FLOPs, bytes and memory come from course/attention_cost.py. `speedup` is the peer's time over the row's."""
+Two times per timed row (course/bench.py `timed`): `ms` the kernel alone and `call_ms` per call, with the rates of
+each (`TFLOP/s`, `GB/s`; `call_TFLOP/s`, `call_GB/s`). A size or peer that does not fit in memory, or fails, has NaN
+and the reason in `note`. FLOPs, bytes and memory come from course/attention_cost.py. `speedup` is the peer's time
+over the row's (`call_speedup`: the same per call)."""
 import math
 
 import pandas as pd
@@ -22,6 +25,7 @@ from .. import bench
 from ..bench import peak_mb  # noqa: F401 (the notebooks call it from here too)
 
 B, H, D = 4, 16, 128
+DEVICE = "cuda"
 STAGE_SIZES = (1024, 2048, 4096, 8192)
 PIPELINE_SIZES = [(n, D) for n in (1024, 2048, 4096, 8192)] + [(4096, 64)]
 MEMORY_SIZES = (1024, 2048, 4096, 8192, 16384)
@@ -29,6 +33,10 @@ SHORT_KEYS = (64, 128, 256, 512)
 MEMORY_HEADS = 16
 # bytes per (query, key) pair alive at the peak: eager holds two 16-bit squares (S and P), option C one
 SQUARE_BYTES = {"torch eager": 4, "cuBLAS + fused softmax": 2}
+# the same for each pipeline, week 35's attention holding a float32 S; FIT_MARGIN times what the model says is asked
+# of the free memory before a size or peer is run (bench.fits), so one that cannot fit gets NaN and the reason
+PIPELINE_SQUARE_BYTES = {**SQUARE_BYTES, "week 35 attention": 4, "SDPA default": 0}
+FIT_MARGIN = 2
 
 
 def eager_attention(q, k, v, causal=False):
@@ -50,15 +58,23 @@ def cublas_softmax_attention(q, k, v, softmax, causal=False):
     return torch.matmul(probs, v)
 
 
-def stage_rows(s35):
+def _randn(*shape):
     import torch
-    rows = []
+    return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16)
+
+
+def stage_rows(s35, rows=None):
+    import torch
+    rows = bench.Rows() if rows is None else rows
     for n in STAGE_SIZES:
-        q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        scores = torch.matmul(q, k.transpose(-1, -2))
-        probs, out = torch.empty_like(scores), torch.empty_like(q)
+        why = bench.fits(4 * B * H * n * D * 2 + 5 * B * H * n * n * 2)  # q, k, v, out; S, P and eager's three
+        q = k = v = scores = probs = out = keep = None  # allocated only where they fit
+        if not why:
+            q, k, v = (_randn(B, H, n, D) for _ in range(3))
+            scores = torch.matmul(q, k.transpose(-1, -2))
+            probs, out = torch.empty_like(scores), torch.empty_like(q)
+            keep = torch.ones(n, n, dtype=torch.bool, device=DEVICE).tril()
         scale = 1 / math.sqrt(D)
-        keep = torch.ones(n, n, dtype=torch.bool, device="cuda").tril()
         for mask in ("none", "causal"):
             causal = mask == "causal"
             eager = (lambda: torch.softmax((scores * scale).masked_fill(~keep, float("-inf")), dim=-1)) if causal \
@@ -72,22 +88,26 @@ def stage_rows(s35):
             for (stage, kernel), (fn, model) in fns.items():
                 if causal and stage != "softmax":
                     continue  # the GEMMs do the same work with or without the mask
-                ms = bench.gpu_ms(fn)
                 peer = "torch eager" if stage == "softmax" else kernel
+                times = bench.missed(why) if why else bench.timed(fn)
                 rows.append({"part": "stage", "stage": stage, "kernel": kernel, "peer": peer, "mask": mask, "N": n,
-                             "d": D, "ms": ms, "flops": model["flops"], "bytes": model["bytes"],
-                             "intensity": model["flops"] / model["bytes"], "TFLOP/s": model["flops"] / ms / 1e9,
-                             "GB/s": model["bytes"] / ms / 1e6})
-        del q, k, v, scores, probs, out, keep
+                             "d": D, "flops": model["flops"], "bytes": model["bytes"],
+                             "intensity": model["flops"] / model["bytes"],
+                             **bench.with_rates(times, model["flops"], model["bytes"])})
+        del q, k, v, scores, probs, out, keep, fns
+        torch.cuda.empty_cache()
     return rows
 
 
-def pipeline_rows(s35):
+def pipeline_rows(s35, rows=None):
     import torch
     F = torch.nn.functional
-    rows = []
+    rows = bench.Rows() if rows is None else rows
     for n, d in PIPELINE_SIZES:
-        q, k, v = (torch.randn(B, H, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        why = bench.fits(4 * B * H * n * d * 2)  # q, k, v, the output
+        q = k = v = None  # allocated only where they fit
+        if not why:
+            q, k, v = (_randn(B, H, n, d) for _ in range(3))
         for mask in ("none", "causal"):
             causal = mask == "causal"
             fns = {"cuBLAS + fused softmax": lambda: cublas_softmax_attention(q, k, v, s35.scale_mask_softmax, causal),
@@ -96,48 +116,54 @@ def pipeline_rows(s35):
                    "SDPA default": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
             flops = cost.attention_flops(B * H, n, n, d, causal)
             for name, fn in fns.items():
-                ms = bench.gpu_ms(fn)
+                skip = why or bench.fits(FIT_MARGIN * PIPELINE_SQUARE_BYTES[name] * B * H * n * n)
+                times = {**bench.missed(skip), "peak_MB": math.nan} if skip else bench.timed_peak(fn)
                 rows.append({"part": "pipeline", "stage": "attention", "kernel": name, "peer": "torch eager",
-                             "mask": mask, "N": n, "d": d, "ms": ms, "flops": flops, "TFLOP/s": flops / ms / 1e9,
-                             "peak_MB": peak_mb(fn)})
-        del q, k, v
+                             "mask": mask, "N": n, "d": d, "flops": flops, **bench.with_rates(times, flops)})
+        del q, k, v, fns
+        torch.cuda.empty_cache()
     return rows
 
 
-def short_rows(s35):
+def short_rows(s35, rows=None):
     import torch
     from ..registry import kernels
     s36 = kernels("w36_mha_analysis")
-    rows = []
+    rows = bench.Rows() if rows is None else rows
     for n in SHORT_KEYS:
-        scores = torch.randn(B, H, 4096, n, device="cuda", dtype=torch.bfloat16)
-        out = torch.empty_like(scores)
         model = cost.softmax_cost(B * H, 4096, n, 2)
+        why = bench.fits(FIT_MARGIN * 3 * B * H * 4096 * n * 2)  # scores, out, eager's output
+        scores = out = None  # allocated only where they fit
+        if not why:
+            scores = _randn(B, H, 4096, n)
+            out = torch.empty_like(scores)
         fns = {"batched_softmax": lambda: s36.batched_softmax(scores, out, 0.125),
                "scale_mask_softmax": lambda: s35.scale_mask_softmax(scores, out, 0.125),
                "torch eager": lambda: torch.softmax(scores * 0.125, dim=-1)}
         for name, fn in fns.items():
-            ms = bench.gpu_ms(fn)
+            times = bench.missed(why) if why else bench.timed(fn)
             rows.append({"part": "short", "stage": "softmax", "kernel": name, "peer": "torch eager", "mask": "none",
-                         "N": n, "d": D, "ms": ms, "flops": model["flops"], "bytes": model["bytes"],
-                         "GB/s": model["bytes"] / ms / 1e6})
-        del scores, out
+                         "N": n, "d": D, "flops": model["flops"], "bytes": model["bytes"],
+                         **bench.with_rates(times, nbytes=model["bytes"])})
+        del scores, out, fns
+        torch.cuda.empty_cache()
     return rows
 
 
-def memory_rows(s35):
-    import torch
-    rows = []
+def memory_rows(s35, rows=None):
+    rows = bench.Rows() if rows is None else rows
     for n in MEMORY_SIZES:
         for name, square in SQUARE_BYTES.items():
             def run():
-                q, k, v = (torch.randn(1, MEMORY_HEADS, n, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                q, k, v = (_randn(1, MEMORY_HEADS, n, D) for _ in range(3))
                 if name == "torch eager":
                     return eager_attention(q, k, v)
                 return cublas_softmax_attention(q, k, v, s35.scale_mask_softmax)
             model = cost.standard_peak_bytes(MEMORY_HEADS, n, n, D, 2, square)
+            why = bench.fits(FIT_MARGIN * model)
+            peak, why = (math.nan, why) if why else bench.attempt_peak_mb(run)
             rows.append({"part": "memory", "stage": "attention", "kernel": name, "peer": "torch eager", "mask": "none",
-                         "N": n, "d": D, "peak_MB": peak_mb(run), "model_MB": model / 1e6})
+                         "N": n, "d": D, "peak_MB": peak, "model_MB": model / 1e6, "note": why})
     return rows
 
 
@@ -145,25 +171,23 @@ PARTS = ("stage", "pipeline", "short", "memory")
 
 
 def run(parts=PARTS) -> pd.DataFrame:
-    from tqdm.auto import tqdm  # here, not at import: notebooks import this module without ipywidgets
     from ..registry import kernels
     s35 = kernels("w35_attention_blocks")
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
-    rows = []
-    for part in tqdm(parts, desc="w36 standard attention"):
-        rows += globals()[f"{part}_rows"](s35)
+    rows = bench.run_parts({p: lambda rows, p=p: globals()[f"{p}_rows"](s35, rows) for p in parts},
+                           desc="w36 standard attention")
     table = pd.DataFrame(rows)
     table.insert(0, "dtype", "bfloat16")
     table.insert(1, "B", [1 if p == "memory" else B for p in table.part])
     table.insert(2, "H", [MEMORY_HEADS if p == "memory" else H for p in table.part])
-    for column in ("ms", "TFLOP/s", "GB/s", "peak_MB"):  # a run of some parts may have none of a column
-        if column not in table:
-            table[column] = float("nan")
-    peer_ms = table.set_index(["part", "stage", "kernel", "mask", "N", "d"])["ms"]
-    table["speedup"] = [peer_ms.get((r.part, r.stage, r.peer, r.mask, r.N, r.d), float("nan")) / r.ms
-                        for r in table.itertuples()]
+    for column in ("stage", "peer", "mask", "N", "d", "ms", "call_ms", "TFLOP/s", "GB/s", "peak_MB"):
+        if column not in table:  # a run of some parts may have none of a column
+            table[column] = math.nan
+    table["note"] = table["note"].fillna("")
+    table = bench.speedups(table, ["part", "stage", "mask", "N", "d"])
     table["vs_copy"] = table["GB/s"] / copy
     table["vs_matmul"] = table["TFLOP/s"] / matmul
     table["copy_ceiling_GB/s"], table["matmul_ceiling_TFLOP/s"] = copy, matmul
-    return table.round({"ms": 4, "intensity": 2, "TFLOP/s": 1, "GB/s": 1, "peak_MB": 1, "model_MB": 1, "speedup": 2,
+    return table.round({"ms": 4, "call_ms": 4, "host_us": 1, "intensity": 2, "TFLOP/s": 1, "call_TFLOP/s": 1,
+                        "GB/s": 1, "call_GB/s": 1, "peak_MB": 1, "model_MB": 1, "speedup": 2, "call_speedup": 2,
                         "vs_copy": 3, "vs_matmul": 3, "copy_ceiling_GB/s": 1, "matmul_ceiling_TFLOP/s": 1})
