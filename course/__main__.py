@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, help="processes (default: every core)")
     p = sub.add_parser("bench", help="benchmark the solution kernels against their peers (GPU)")
     p.add_argument("selector", nargs="?", default="all")
-    p.add_argument("--csv", help="where to write the results (default: course/results/<week>.csv)")
+    p.add_argument("--csv", help="where to write the results (default: course/results/<week>.csv on an H200, <week>.<gpu>.csv elsewhere)")
     sub.add_parser("stubs", help="regenerate course/exercises/ from solutions/ (overwrites your work!)")
     args = parser.parse_args(argv)
     if args.command == "doctor":

@@ -119,7 +119,7 @@ def host_us(fn, calls: int = 200) -> float:
     import torch
     fn()
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9))  # about a second of GPU clock cycles: longer than queueing the calls
+    torch.cuda._sleep(int(1e8))  # about 50 ms of GPU clock cycles: longer than queueing the calls
     start = time.perf_counter()
     for _ in range(calls):
         fn()
@@ -257,13 +257,40 @@ def provenance() -> dict:
     return {"kernels": registry.edition(), "device": backend.gpu_name(), "date": datetime.date.today().isoformat(),
             "torch": torch.__version__,
             "triton": triton.__version__, "cupy": cupy_version, "python": platform.python_version(),
-            "commit": commit}
+            **{peer: _version_of(peer) for peer in PEER_PACKAGES}, "commit": commit}
 
 
-def recorded(week: str):
-    """The GPU results the course ships for `week`, as a pandas DataFrame."""
+PEER_PACKAGES = ("quack-kernels", "liger-kernel", "flash-attn-4", "nvidia-cutlass-dsl")  # stamped when installed
+
+
+def _version_of(package: str) -> str:
+    from importlib import metadata
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+REFERENCE_GPU = "h200"  # the GPU whose recordings the lessons' prose is checked against: course/results/<week>.csv
+
+
+def gpu_slug(name: str) -> str:
+    """"h100", "h200", ... from a device name ("NVIDIA H100 80GB HBM3" -> "h100"); the name lowered otherwise."""
+    for word in name.lower().replace("-", " ").split():
+        if word[:1] in "abhlv" and word[1:].isdigit():
+            return word
+    return "-".join(name.lower().split()) or "gpu"
+
+
+def results_path(week: str, gpu: str = REFERENCE_GPU) -> Path:
+    """Where `week`'s recorded results for `gpu` live: <week>.csv for the reference GPU, <week>.<gpu>.csv for others."""
+    return RESULTS / (f"{week}.csv" if gpu == REFERENCE_GPU else f"{week}.{gpu}.csv")
+
+
+def recorded(week: str, gpu: str = REFERENCE_GPU):
+    """The GPU results the course ships for `week` on `gpu` ("h200", "h100"), as a pandas DataFrame."""
     import pandas as pd
-    return pd.read_csv(RESULTS / f"{week}.csv")
+    return pd.read_csv(results_path(week, gpu))
 
 
 def main(selector: str, csv: str | None) -> int:
@@ -279,7 +306,7 @@ def main(selector: str, csv: str | None) -> int:
         return 0
     failed = 0
     for week in weeks:
-        path = Path(csv) if csv else RESULTS / f"{week}.csv"
+        path = Path(csv) if csv else results_path(week, gpu_slug(backend.gpu_name()))
         Rows.PARTIAL = path.with_suffix(".partial.jsonl")
         Rows.PARTIAL.unlink(missing_ok=True)
         stamp = provenance()
@@ -369,10 +396,10 @@ def speedups(table, keys: list):
     """table with `speedup` (the peer's `ms` over the row's: kernels alone) and `call_speedup` (the same with
     `call_ms`: per call). The peer is the row with the same `keys` whose "kernel" is this row's "peer"; NaN where
     either time is missing."""
-    for time, column in (("ms", "speedup"), ("call_ms", "call_speedup")):
-        if time not in table:
+    for ms, column in (("ms", "speedup"), ("call_ms", "call_speedup")):
+        if ms not in table:
             continue
-        peers = table.dropna(subset=[time]).drop_duplicates(keys + ["kernel"]).set_index(keys + ["kernel"])[time]
-        table[column] = [peers.get(tuple(r[k] for k in keys) + (r["peer"],), math.nan) / r[time]
+        peers = table.dropna(subset=[ms]).drop_duplicates(keys + ["kernel"]).set_index(keys + ["kernel"])[ms]
+        table[column] = [peers.get(tuple(r[k] for k in keys) + (r["peer"],), math.nan) / r[ms]
                          for _, r in table.iterrows()]
     return table

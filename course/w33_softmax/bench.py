@@ -48,7 +48,7 @@ def run() -> pd.DataFrame:
         expected = torch.softmax(x.float(), -1)
         fns = {name: (lambda fn=fn: fn(x, out)) for name, fn in kernels().items()
                if name != "triton_softmax" or n <= MAX_FUSED_COLS}
-        if n >= edition("w33_softmax").SPLIT_MIN_COLS:  # where the launcher splits rows instead
+        if edition("w33_softmax").splits_rows(x):  # where the launcher splits rows instead
             online = kernels()["online_softmax"]
             fns["online_softmax loop"] = lambda: online(x, out, block=8192)
         for name, fn in {**fns, **peers.softmax(x)}.items():

@@ -21,6 +21,7 @@ TOKENS, WIDTH = 16384, 2048
 SIZES = (512, 1024, 2048, 4096, 8192, 16384)
 HEAD_DIMS = (64, 128)
 MEMORY_SIZES = (1024, 4096, 16384, 32768)
+FP32_N = 4096
 PEER = "SDPA FlashAttention-2"
 DEVICE = "cuda"
 COMPOSED = "w35 attention (composed, float32)"
@@ -95,7 +96,7 @@ def fp32_rows(s37, rows=None):
     from ..registry import kernels
     s35 = kernels("w35_attention_blocks")
     rows = bench.Rows() if rows is None else rows
-    n = 4096
+    n = FP32_N
     for d in HEAD_DIMS:
         b, h = TOKENS // n, WIDTH // d
         why = bench.fits(4 * b * h * n * d * 4)  # q, k, v, the output
