@@ -67,18 +67,23 @@ def gpu_ms(fn, warmup_ms: float = 25, rep_ms: float = 200) -> float:
     return times[n // 2]
 
 
+def reason(exc: BaseException) -> str:
+    """An exception in one line, as a row's note: "out of memory", or its type and the first line of its message."""
+    import torch
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return "out of memory"
+    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+
+
 def attempt_ms(fn) -> tuple[float, str]:
     """(gpu_ms(fn), "") or, when fn fails, (nan, why): out of memory, or the error in one line. A benchmark
     records the reason and goes on; one peer that does not fit never costs the rows already measured."""
     import torch
     try:
         return gpu_ms(fn), ""
-    except torch.cuda.OutOfMemoryError:
+    except Exception as exc:  # noqa: BLE001 - out of memory, or a peer's own failure (unsupported shape, ...)
         torch.cuda.empty_cache()
-        return float("nan"), "out of memory"
-    except Exception as exc:  # noqa: BLE001 - a peer's own failure (unsupported shape, backend missing)
-        torch.cuda.empty_cache()
-        return float("nan"), f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        return float("nan"), reason(exc)
 
 
 def kernel_ms(fn, rep_ms: float = 100) -> float:
@@ -136,12 +141,9 @@ def timed(fn) -> dict:
     for key, measure in (("ms", kernel_ms), ("call_ms", call_ms), ("host_us", host_us)):
         try:
             row[key] = measure(fn)
-        except torch.cuda.OutOfMemoryError:
+        except Exception as exc:  # noqa: BLE001 - out of memory, a peer's failure, a launch a graph cannot capture
             row[key] = math.nan
-            notes.append(f"{key}: out of memory")
-        except Exception as exc:  # noqa: BLE001 - a peer's failure, or a launch a CUDA graph cannot capture
-            row[key] = math.nan
-            notes.append(f"{key}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:100]}")
+            notes.append(f"{key}: {reason(exc)}")
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         if key == "ms" and math.isnan(row[key]) and "out of memory" not in notes[-1]:
@@ -331,14 +333,6 @@ def main(selector: str, csv: str | None) -> int:
 # ---------------------------------------------------------------------------------------------------------------------
 # Rows of the attention weeks (35-38): rates from both times, sizes not measured, memory peaks and parts that never
 # stop the run, speedups over a peer. Each row keeps `ms` as the kernel alone (`timed`).
-
-def reason(exc: BaseException) -> str:
-    """An exception in one line, as a row's note: "out of memory", or its type and the first line of its message."""
-    import torch
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
-        return "out of memory"
-    return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
-
 
 def missed(why: str) -> dict:
     """The times (as `timed` gives them) of something not measured: NaN, with the reason in "note"."""
