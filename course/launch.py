@@ -14,10 +14,10 @@ import torch
 from .backend import ON_GPU
 
 if ON_GPU:
-    from triton.runtime import driver
-    _current_device = driver.active.get_current_device
-    _current_stream = driver.active.get_current_stream
     from triton import knobs
+    from triton.runtime import driver
+    _current_stream = driver.active.get_current_stream
+    _current_device = torch._C._cuda_getDevice  # what torch.cuda.current_device() returns, without its checks
 
 
 def _spec(arg):
