@@ -16,7 +16,7 @@ from course.backend import ON_GPU
 from course.cuda import CudaKernel
 from course.heads import as_heads
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e); a constexpr, so kernels read it (the host: LOG2E.value)
 
 
 # ---------------------------------------------------------------- day 2: the online tile update, in NumPy
@@ -244,8 +244,8 @@ def cuda_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, caus
     row_floats = (d + 31) // 32 * 32 + 4  # dp in the source
     shared = 4 * (BR * row_floats + BC * row_floats + BR * (BC + 4))
     cuda_flash_attention_kernel((triton.cdiv(m, BR), bsz * heads), (FLASH_THREADS,), q, k, v, o, lse, m, n, d, heads,
-                                scale * LOG2E, int(bool(causal)), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                                shared_bytes=shared)
+                                scale * LOG2E.value, int(bool(causal)), *q.stride()[:3], *k.stride()[:3],
+                                *v.stride()[:3], shared_bytes=shared)
     return o, lse
 
 
@@ -318,7 +318,7 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, M, N, D, H, qk_s
     ### BEGIN SOLUTION
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
-    lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / 1.4426950408889634, -float("inf"))  # natural log
+    lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / LOG2E, -float("inf"))  # natural log
     ### END SOLUTION
     o_rows = o_ptr + bh.to(tl.int64) * M * D + rows[:, None] * D + dims[None, :]
     tl.store(o_rows, o.to(o_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (dims[None, :] < D))
@@ -341,7 +341,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     o = torch.empty((bsz, heads, m, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((bsz, heads, m), dtype=torch.float32, device=q.device)
     flash_attention_kernel[(triton.cdiv(m, block_m), bsz * heads)](
-        q, k, v, o, lse, m, n, d, heads, scale * LOG2E, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+        q, k, v, o, lse, m, n, d, heads, scale * LOG2E.value, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=bool(causal), STAGES=stages,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
     return o, lse

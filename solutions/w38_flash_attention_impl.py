@@ -19,7 +19,7 @@ from course.backend import ON_GPU
 from course.cuda import CudaKernel
 from course.heads import as_heads, on_device
 
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e); a constexpr, so kernels read it (the host: LOG2E.value)
 
 
 # ---------------------------------------------------------------- day 2: the tiled backward, in NumPy
@@ -204,7 +204,7 @@ def flash_forward_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_ptr, M, N, D, H
         else:
             o = acc
         if EXP2:
-            lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / 1.4426950408889634, -float("inf"))
+            lse = tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / LOG2E, -float("inf"))
         else:
             lse = tl.where(l_i > 0, m_i + tl.log(l_safe), -float("inf"))
         tl.store(o_head + rows[:, None] * som + dims[None, :], o.to(o_ptr.dtype.element_ty),
@@ -246,7 +246,7 @@ def _dkdv_blocks(dk, dv, k, v, q_head, do_head, lse_head, delta_head, cols, dims
         inside = (rows[:, None] < M) & (dims[None, :] < D)
         q = tl.load(q_head + rows[:, None] * sqm + dims[None, :], mask=inside, other=0.0)
         do = tl.load(do_head + rows[:, None] * sdm + dims[None, :], mask=inside, other=0.0)
-        lse = tl.load(lse_head + rows, mask=rows < M, other=0.0) * 1.4426950408889634
+        lse = tl.load(lse_head + rows, mask=rows < M, other=0.0) * LOG2E
         delta = tl.load(delta_head + rows, mask=rows < M, other=0.0)
         p_t = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - lse[None, :])
         if MASKED:
@@ -348,7 +348,7 @@ def flash_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_
     q = tl.load(q_ptr + batch * sqb + h * sqh + (first + rows[:, None]) * sqm + dims[None, :], mask=inside, other=0.0)
     do = tl.load(do_ptr + batch * sdb + h * sdh + (first + rows[:, None]) * sdm + dims[None, :], mask=inside,
                  other=0.0)
-    lse = tl.load(lse_ptr + batch * slb + h * slh + first + rows, mask=rows < m_len, other=0.0) * 1.4426950408889634
+    lse = tl.load(lse_ptr + batch * slb + h * slh + first + rows, mask=rows < m_len, other=0.0) * LOG2E
     delta = tl.load(delta_ptr + batch * slb + h * slh + first + rows, mask=rows < m_len, other=0.0)
     k_head = k_ptr + batch * skb + kvh * skh + first * skn
     v_head = v_ptr + batch * svb + kvh * svh + first * svn
@@ -444,8 +444,9 @@ def _forward(q, k, v, o, lse, cu, m, n, causal, scale, bsz, varlen, tiles, seq_p
              exp2=True):
     common, meta = _common(q, k, m, n, causal, varlen, cu, lse)
     grid = lambda bm, bn: (triton.cdiv(m, bm) if seq_parallel else 1, bsz * q.shape[1])  # noqa: E731
-    args = (q, k, v, o, lse, *common, scale * (LOG2E if exp2 else 1.0), *_strides(q, varlen), *_strides(k, varlen),
-            *_strides(v, varlen), *_strides(o, varlen), *_lse_strides(lse, varlen), triton.next_power_of_2(max(m, n)))
+    args = (q, k, v, o, lse, *common, scale * (LOG2E.value if exp2 else 1.0), *_strides(q, varlen),
+            *_strides(k, varlen), *_strides(v, varlen), *_strides(o, varlen), *_lse_strides(lse, varlen),
+            triton.next_power_of_2(max(m, n)))
     _launch("forward", flash_forward_kernel, grid, args, tiles, max(m, n), SEQ_PARALLEL=seq_parallel, DEFER=defer_norm,
             EXP2=exp2, **meta)
 
@@ -487,9 +488,9 @@ def flash_dkdv(q, k, v, do, lse, delta, causal: bool = False, scale=None, tiles=
 def _dkdv(q, k, v, do, lse, delta, dk, dv, cu, m, n, causal, scale, bsz, varlen, tiles):
     common, meta = _common(q, k, m, n, causal, varlen, cu, lse)
     grid = lambda bm, bn: (triton.cdiv(n, bn), bsz * k.shape[1])  # noqa: E731
-    args = (q, k, v, do, lse, delta, dk, dv, *common, scale * LOG2E, scale, *_strides(q, varlen), *_strides(k, varlen),
-            *_strides(v, varlen), *_strides(do, varlen), *_lse_strides(lse, varlen), *_strides(dk, varlen),
-            triton.next_power_of_2(max(m, n)))
+    args = (q, k, v, do, lse, delta, dk, dv, *common, scale * LOG2E.value, scale, *_strides(q, varlen),
+            *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen), *_lse_strides(lse, varlen),
+            *_strides(dk, varlen), triton.next_power_of_2(max(m, n)))
     _launch("dkdv", flash_dkdv_kernel, grid, args, tiles, max(m, n), **meta)
 
 
@@ -506,9 +507,9 @@ def flash_dq(q, k, v, do, lse, delta, causal: bool = False, scale=None, tiles=No
 def _dq(q, k, v, do, lse, delta, dq, cu, m, n, causal, scale, bsz, varlen, tiles):
     common, meta = _common(q, k, m, n, causal, varlen, cu, lse)
     grid = lambda bm, bn: (triton.cdiv(m, bm), bsz * q.shape[1])  # noqa: E731
-    args = (q, k, v, do, lse, delta, dq, *common, scale * LOG2E, scale, *_strides(q, varlen), *_strides(k, varlen),
-            *_strides(v, varlen), *_strides(do, varlen), *_lse_strides(lse, varlen), *_strides(dq, varlen),
-            triton.next_power_of_2(max(m, n)))
+    args = (q, k, v, do, lse, delta, dq, *common, scale * LOG2E.value, scale, *_strides(q, varlen),
+            *_strides(k, varlen), *_strides(v, varlen), *_strides(do, varlen), *_lse_strides(lse, varlen),
+            *_strides(dq, varlen), triton.next_power_of_2(max(m, n)))
     _launch("dq", flash_dq_kernel, grid, args, tiles, max(m, n), **meta)
 
 
@@ -633,7 +634,7 @@ def flash_decode_kernel(q_ptr, k_ptr, v_ptr, len_ptr, o_part_ptr, lse_part_ptr, 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     tl.store(o_part_ptr + rows[:, None].to(tl.int64) * D + dims[None, :], acc / l_safe[:, None],
              mask=live[:, None] & (dims[None, :] < D))
-    tl.store(lse_part_ptr + rows, tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / 1.4426950408889634, -float("inf")),
+    tl.store(lse_part_ptr + rows, tl.where(l_i > 0, (m_i + tl.log2(l_safe)) / LOG2E, -float("inf")),
              mask=live)
 
 
@@ -684,8 +685,8 @@ def flash_decode(q, k_cache, v_cache, cache_lengths=None, splits=None, scale=Non
     o_part = torch.empty((splits, bsz, heads, mq, d), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((splits, bsz, heads, mq), dtype=torch.float32, device=q.device)
     flash_decode_kernel[(splits, bsz * kv_heads)](
-        q, k, v, q if lengths is None else lengths, o_part, lse_part, mq, n, d, heads, kv_heads, scale * LOG2E, chunk,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], BLOCK_M=block_m, BLOCK_N=block_n,
+        q, k, v, q if lengths is None else lengths, o_part, lse_part, mq, n, d, heads, kv_heads, scale * LOG2E.value,
+        chunk, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=max(16, triton.next_power_of_2(d)), LENGTHS=lengths is not None, STAGES=3 if ON_GPU else 1, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4)
     o = torch.empty((bsz, heads, mq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((bsz, heads, mq), dtype=torch.float32, device=q.device)
@@ -984,6 +985,6 @@ def tc_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal
     row_bytes = 2 * ((64 if d <= 64 else 128) + TC_PAD)  # DH + PAD elements of 2 bytes, as in the source
     shared = row_bytes * (TC_BR + 2 * TC_STAGES * TC_BC)
     tc_flash_attention_kernel((-(-m // TC_BR), bsz * heads), (TC_THREADS,), q, k, v, o, lse, m, n, d, heads,
-                              scale * LOG2E, int(bool(causal)), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                              scale * LOG2E.value, int(bool(causal)), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                               shared_bytes=shared)
     return o, lse

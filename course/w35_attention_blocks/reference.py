@@ -56,6 +56,16 @@ def softmax_rows(x):
     return e / np.where(total == 0, 1.0, total)
 
 
+def log_sum_exp(q, k, causal=False, scale=None):
+    """(B, H, M): the natural log of each row's Σ_j exp(s_ij) over its kept keys, s = scale · q kᵀ (what a
+    FlashAttention forward saves beside o, weeks 37 and 38); -inf for a row with no key."""
+    s = masked_scores(attention_scores(q, k, scale), causal=causal)
+    top = s.max(axis=-1, keepdims=True)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    with np.errstate(divide="ignore"):
+        return (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
+
+
 def scale_mask_softmax(scores, scale, key_lengths=None, causal=False, alibi_slopes=None):
     return (softmax_rows(masked_scores(scale * scores, key_lengths, causal, alibi_slopes)),)
 

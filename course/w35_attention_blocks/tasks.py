@@ -45,11 +45,11 @@ def _normal(rng, *shape, sigma=1.0):
     return rng.normal(0, sigma, shape)
 
 
-def _heads(rng, b, h, m, n, d, sigma=1.0):
+def normal_heads(rng, b, h, m, n, d, sigma=1.0):
     return _normal(rng, b, h, m, d, sigma=sigma), _normal(rng, b, h, n, d, sigma=sigma)
 
 
-def _huge_heads(rng, b, h, m, n, d=64):
+def huge_heads(rng, b, h, m, n, d=64):
     """q and k of integers in [-200, 200], d = 64: q·k/8 is about ±1e4 and exact in every dtype (bf16
     holds integers up to 256, fp32 sums them exactly below 2^24), so the logits carry no rounding."""
     return (rng.integers(-200, 201, (b, h, m, d)).astype(np.float64),
@@ -499,10 +499,10 @@ def scores_cases(rng, dtypes):
     cases = []
     for dtype in dtypes:
         for name, b, h, m, n, d in SHAPES:
-            cases.append(Case(name, _heads(rng, b, h, m, n, d), dtype))
-        cases.append(Case("non-contiguous q, k: (B, N, H, d) storage", _heads(rng, 2, 3, 37, 37, 64), dtype,
+            cases.append(Case(name, normal_heads(rng, b, h, m, n, d), dtype))
+        cases.append(Case("non-contiguous q, k: (B, N, H, d) storage", normal_heads(rng, 2, 3, 37, 37, 64), dtype,
                           strided=True))
-        cases.append(Case(f"huge scores (about ±{HUGE:g})", _huge_heads(rng, 1, 2, 9, 11), dtype))
+        cases.append(Case(f"huge scores (about ±{HUGE:g})", huge_heads(rng, 1, 2, 9, 11), dtype))
     return cases
 
 
@@ -530,8 +530,8 @@ def gemm_cases(with_scale: bool):
         for dtype in dtypes:
             for name, b, h, m, n, d in SHAPES + [("K = 100: the last K tile is partial", 1, 2, 40, 33, 100)]:
                 kwargs = {"scale": 1 / np.sqrt(d)} if with_scale and d != 64 else {}
-                out.append(Case(name, _heads(rng, b, h, m, n, d), dtype, kwargs=kwargs))
-            out.append(Case("non-contiguous inputs: (B, N, H, d) storage", _heads(rng, 2, 3, 37, 45, 64), dtype,
+                out.append(Case(name, normal_heads(rng, b, h, m, n, d), dtype, kwargs=kwargs))
+            out.append(Case("non-contiguous inputs: (B, N, H, d) storage", normal_heads(rng, 2, 3, 37, 45, 64), dtype,
                             strided=True))
         return out
     return cases
@@ -581,7 +581,7 @@ def _sdpa_error(q, k, v, dtype, kwargs):
     return float(np.nan_to_num(np.abs(out.double().cpu().numpy() - expected), nan=0.0).max()), expected
 
 
-def _flash_rule(q, k, v, dtype, kwargs):
+def flash_rule(q, k, v, dtype, kwargs):
     if dtype == "float32":
         return None
     err_pt, expected = _sdpa_error(q, k, v, dtype, kwargs)
@@ -595,18 +595,18 @@ def attention_cases(rng, dtypes):
     for dtype in dtypes:
         for shape_name, b, h, m, n, d in SHAPES[1:]:
             for mask_name, kwargs in _masks_for(shape_name):
-                q, k = _heads(rng, b, h, m, n, d)
+                q, k = normal_heads(rng, b, h, m, n, d)
                 v = _normal(rng, b, h, n, d)
                 kw = kwargs(b, h, m, n, rng)
-                cases.append(Case(f"{mask_name}, {shape_name}", (q, k, v), dtype, _flash_rule(q, k, v, dtype, kw),
+                cases.append(Case(f"{mask_name}, {shape_name}", (q, k, v), dtype, flash_rule(q, k, v, dtype, kw),
                                   kwargs=kw))
-        extra = [("N = 1", *_heads(rng, 1, 1, 1, 1, 16), _normal(rng, 1, 1, 1, 16), {}, False),
-                 (f"huge logits (about ±{HUGE:g}), causal", *_huge_heads(rng, 1, 2, 20, 20),
+        extra = [("N = 1", *normal_heads(rng, 1, 1, 1, 1, 16), _normal(rng, 1, 1, 1, 16), {}, False),
+                 (f"huge logits (about ±{HUGE:g}), causal", *huge_heads(rng, 1, 2, 20, 20),
                   _normal(rng, 1, 2, 20, 64), {"causal": True}, False),
-                 ("non-contiguous q, k, v, causal + padding", *_heads(rng, 2, 3, 37, 37, 64),
+                 ("non-contiguous q, k, v, causal + padding", *normal_heads(rng, 2, 3, 37, 37, 64),
                   _normal(rng, 2, 3, 37, 64), {"causal": True, "key_lengths": np.array([37, 20])}, True)]
         for name, q, k, v, kw, strided in extra:
-            cases.append(Case(name, (q, k, v), dtype, _flash_rule(q, k, v, dtype, kw), kwargs=kw, strided=strided))
+            cases.append(Case(name, (q, k, v), dtype, flash_rule(q, k, v, dtype, kw), kwargs=kw, strided=strided))
     return cases
 
 

@@ -10,7 +10,7 @@ import numpy as np
 from ..grading import Case, GradingError, Task, diagnose, exact, seen
 from ..w34_layernorm.tasks import _pick
 from ..w35_attention_blocks import reference as ref35
-from ..w35_attention_blocks.tasks import ALL_DTYPES, MATMULS, SDPA, SOFTMAXES, _flash_rule, _heads, _huge_heads
+from ..w35_attention_blocks.tasks import ALL_DTYPES, MATMULS, SDPA, SOFTMAXES, flash_rule, huge_heads, normal_heads
 from . import reference as ref
 
 NUMPY_DTYPES = ("float64", "float32")
@@ -43,7 +43,7 @@ def online_update_cases(rng, dtypes):
     return cases
 
 
-def _negative_heads(rng, b, h, m, n, d=64):
+def negative_heads(rng, b, h, m, n, d=64):
     """Every logit large and negative: q >= 0, k <= 0, about -1e3. A running max started at 0 underflows."""
     return np.abs(rng.integers(20, 60, (b, h, m, d))).astype(float), -np.abs(rng.integers(20, 60, (b, h, n, d))).astype(float)
 
@@ -58,21 +58,18 @@ def tiled_cases(rng, dtypes):
     for dtype in dtypes:
         for name, b, h, m, n, d, bm, bn in TILED_SHAPES:
             for causal in (False, True):
-                q, k = _heads(rng, b, h, m, n, d)
+                q, k = normal_heads(rng, b, h, m, n, d)
                 cases.append(Case(f"{'causal' if causal else 'no mask'}, {name}", (q, k, rng.normal(0, 1, (b, h, n, d))),
                                   dtype, kwargs={"block_m": bm, "block_n": bn, "causal": causal}))
-        cases.append(Case("huge logits (about ±1e4), causal", (*_huge_heads(rng, 1, 1, 20, 20), rng.normal(0, 1, (1, 1, 20, 64))),
+        cases.append(Case("huge logits (about ±1e4), causal", (*huge_heads(rng, 1, 1, 20, 20), rng.normal(0, 1, (1, 1, 20, 64))),
                           dtype, kwargs={"block_m": 8, "block_n": 8, "causal": True}))
-        cases.append(Case("all logits about -1e3", (*_negative_heads(rng, 1, 1, 12, 20), rng.normal(0, 1, (1, 1, 20, 64))),
+        cases.append(Case("all logits about -1e3", (*negative_heads(rng, 1, 1, 12, 20), rng.normal(0, 1, (1, 1, 20, 64))),
                           dtype, kwargs={"block_m": 8, "block_n": 8, "causal": False}))
     return cases
 
 
 def _attention_and_lse(q, k, v, causal=False, **_):
-    scores = ref35.masked_scores(ref35.attention_scores(q, k), causal=causal)
-    top = scores.max(axis=-1, keepdims=True)
-    lse = (top + np.log(np.exp(scores - top).sum(axis=-1, keepdims=True)))[..., 0]
-    return ref35.attention(q, k, v, causal=causal), lse
+    return ref35.attention(q, k, v, causal=causal), ref35.log_sum_exp(q, k, causal=causal)
 
 
 def count_cases(rng, dtypes):
@@ -107,24 +104,24 @@ def flash_cases(rng, dtypes, shapes=FLASH_SHAPES):
     for dtype in dtypes:
         for name, b, h, m, n, d in shapes:
             for causal in (False, True):
-                q, k = _heads(rng, b, h, m, n, d)
+                q, k = normal_heads(rng, b, h, m, n, d)
                 v = rng.normal(0, 1, (b, h, n, d))
                 kw = {"causal": causal}
                 cases.append(Case(f"{'causal' if causal else 'no mask'}, {name}", (q, k, v), dtype,
-                                  _sixteen_bit_rule(q, k, v, dtype, kw), kwargs=kw))
-        for name, (q, k), kw, strided in (("huge logits (about ±1e4), causal", _huge_heads(rng, 1, 2, 40, 40), {"causal": True}, False),
-                                          ("all logits about -1e4", _negative_heads(rng, 1, 1, 40, 40), {}, False),
-                                          ("non-contiguous q, k, v, causal", _heads(rng, 2, 3, 37, 37, 64), {"causal": True}, True)):
+                                  sixteen_bit_rule(q, k, v, dtype, kw), kwargs=kw))
+        for name, (q, k), kw, strided in (("huge logits (about ±1e4), causal", huge_heads(rng, 1, 2, 40, 40), {"causal": True}, False),
+                                          ("all logits about -1e4", negative_heads(rng, 1, 1, 40, 40), {}, False),
+                                          ("non-contiguous q, k, v, causal", normal_heads(rng, 2, 3, 37, 37, 64), {"causal": True}, True)):
             v = rng.normal(0, 1, k.shape)
-            tolerance = _sixteen_bit_rule(q, k, v, dtype, kw) if dtype != "float32" else _folded_exp2_rule(q, k, v)
+            tolerance = sixteen_bit_rule(q, k, v, dtype, kw) if dtype != "float32" else _folded_exp2_rule(q, k, v)
             cases.append(Case(name, (q, k, v), dtype, tolerance, kwargs=kw, strided=strided))
     return cases
 
 
-def _sixteen_bit_rule(q, k, v, dtype, kw):
+def sixteen_bit_rule(q, k, v, dtype, kw):
     """FlashAttention's rule for o (week 35), plus 2⁻²⁰·|expected| for the LSE, a float32 value of the size of the
     logits (negligible for o, whose entries are below a few units)."""
-    rule = _flash_rule(q, k, v, dtype, kw)
+    rule = flash_rule(q, k, v, dtype, kw)
     if rule is None:
         return None
     return rule[0], 2.0 ** -20, rule[2] + "; + 2⁻²⁰·|expected| for the float32 log-sum-exp"

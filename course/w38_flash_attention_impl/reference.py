@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ..w33_softmax.reference import merge_states as merge_softmax_states  # noqa: F401 (week 33's (m, l) merge)
-from ..w35_attention_blocks.reference import attention_scores, masked_scores, softmax_rows
+from ..w35_attention_blocks.reference import attention_scores, log_sum_exp, masked_scores, softmax_rows
 
 
 def _t(x):
@@ -33,15 +33,6 @@ def kv_head(h: int, heads: int, kv_heads: int) -> int:
 
 def probabilities(q, k, causal=False, scale=None):
     return softmax_rows(masked_scores(attention_scores(q, k, scale), causal=causal))
-
-
-def log_sum_exp(q, k, causal=False, scale=None):
-    """(B, H, M): the natural log of each row's Σ_j exp(s_ij); -inf for a row with no key."""
-    s = masked_scores(attention_scores(q, k, scale), causal=causal)
-    top = s.max(axis=-1, keepdims=True)
-    safe = np.where(np.isfinite(top), top, 0.0)
-    with np.errstate(divide="ignore"):
-        return (safe + np.log(np.exp(s - safe).sum(axis=-1, keepdims=True)))[..., 0]
 
 
 def attention_forward(q, k, v, causal=False, scale=None):

@@ -9,8 +9,8 @@ import math
 import numpy as np
 
 from ..grading import RACE, TOLERANCES, Case, GradingError, Task, diagnose
-from ..w35_attention_blocks.tasks import MATMULS, SDPA, SOFTMAXES, _flash_rule, _heads, _huge_heads
-from ..w37_flash_attention_core.tasks import _negative_heads, _sixteen_bit_rule, flash_cases, linear_memory
+from ..w35_attention_blocks.tasks import MATMULS, SDPA, SOFTMAXES, flash_rule, huge_heads, normal_heads
+from ..w37_flash_attention_core.tasks import flash_cases, linear_memory, negative_heads, sixteen_bit_rule
 from . import reference as ref
 
 NUMPY_DTYPES = ("float64", "float32")
@@ -143,7 +143,7 @@ def forward_hint(case, got, expected):
 # ---------------------------------------------------------------- cases
 def _backward_inputs(rng, dtype, b, h, hkv, m, n, d, causal, logits=None):
     """(q, k, v, do) rounded to dtype and the float32 LSE and D of the rounded values (float64 math)."""
-    q, k = logits if logits is not None else _heads(rng, b, h, m, n, d)
+    q, k = logits if logits is not None else normal_heads(rng, b, h, m, n, d)
     if k.shape[1] != hkv:
         k = k[:, :hkv]
     v, do = rng.normal(0, 1, (b, hkv, n, d)), rng.normal(0, 1, (b, h, m, d))
@@ -162,7 +162,7 @@ def kernel_backward_cases(rng, dtypes):
                 cases.append(Case(f"{'causal' if causal else 'no mask'}, {name}", inputs, dtype, kwargs=kw))
         inputs, kw = _backward_inputs(rng, dtype, 2, 3, 3, 37, 37, 64, True)
         cases.append(Case("non-contiguous q, k, v, dO, causal", inputs, dtype, kwargs=kw, strided=True))
-        inputs, kw = _backward_inputs(rng, dtype, 1, 1, 1, 40, 40, 64, False, logits=_negative_heads(rng, 1, 1, 40, 40))
+        inputs, kw = _backward_inputs(rng, dtype, 1, 1, 1, 40, 40, 64, False, logits=negative_heads(rng, 1, 1, 40, 40))
         cases.append(Case("all logits about -1e4", inputs, dtype, _logit_rule(inputs[0], inputs[1], dtype), kwargs=kw))
     return cases
 
@@ -176,7 +176,7 @@ def numpy_backward_cases(rng, dtypes):
                 o, lse = ref.attention_forward(q, k, v, causal)
                 cases.append(Case(f"{'causal' if causal else 'no mask'}, {name}, blocks {bm} × {bn}", (q, k, v, o, do, lse),
                                   dtype, kwargs={"block_m": bm, "block_n": bn, "causal": causal}))
-        (q, k, v, do), _ = _backward_inputs(rng, dtype, 1, 1, 1, 12, 20, 64, False, logits=_negative_heads(rng, 1, 1, 12, 20))
+        (q, k, v, do), _ = _backward_inputs(rng, dtype, 1, 1, 1, 12, 20, 64, False, logits=negative_heads(rng, 1, 1, 12, 20))
         o, lse = ref.attention_forward(q, k, v)
         cases.append(Case("all logits about -1e4", (q, k, v, o, do, lse), dtype, _logit_rule(q, k, dtype),
                           kwargs={"block_m": 8, "block_n": 8, "causal": False}))
@@ -210,15 +210,15 @@ def forward_cases(rng, dtypes):
                                                       ("no grouping (H = Hkv = 3), odd lengths", 2, 3, 3, 37, 37, 64),
                                                       ("N = 1, 2 query heads share 1", 1, 2, 1, 1, 1, 16)]:
             for causal in (False, True):
-                q, k = _heads(rng, b, h, m, n, d)
+                q, k = normal_heads(rng, b, h, m, n, d)
                 k, v = k[:, :hkv], rng.normal(0, 1, (b, hkv, n, d))
                 kw = {"causal": causal}
                 cases.append(Case(f"{'causal' if causal else 'no mask'}, {name}", (q, k, v), dtype,
-                                  _sixteen_bit_rule(q, ref.expand_kv(k, h), ref.expand_kv(v, h), dtype, kw), kwargs=kw))
-        q, k = _heads(rng, 2, 4, 37, 37, 64)
+                                  sixteen_bit_rule(q, ref.expand_kv(k, h), ref.expand_kv(v, h), dtype, kw), kwargs=kw))
+        q, k = normal_heads(rng, 2, 4, 37, 37, 64)
         k, v = k[:, :2], rng.normal(0, 1, (2, 2, 37, 64))
         cases.append(Case("non-contiguous, grouped-query, causal", (q, k, v), dtype,
-                          _sixteen_bit_rule(q, ref.expand_kv(k, 4), ref.expand_kv(v, 4), dtype, {"causal": True}),
+                          sixteen_bit_rule(q, ref.expand_kv(k, 4), ref.expand_kv(v, 4), dtype, {"causal": True}),
                           kwargs={"causal": True}, strided=True))
     return cases
 

@@ -122,10 +122,10 @@ MUTANTS = [
            hint=NO_CAUSAL),
     Mutant("w37.flash_attention", "alpha from the new max: exp2(m_new - m_new) = 1, nothing rescaled",
            "alpha = tl.exp2(m_i - m_safe)", "alpha = tl.exp2(m_new - m_safe)", hint=NEITHER),
-    Mutant("w37.flash_attention", "LSE left in base 2", "(m_i + tl.log2(l_safe)) / 1.4426950408889634",
+    Mutant("w37.flash_attention", "LSE left in base 2", "(m_i + tl.log2(l_safe)) / LOG2E",
            "(m_i + tl.log2(l_safe))", hint=BASE_2),
-    Mutant("w37.flash_attention", "LSE without the running max", "(m_i + tl.log2(l_safe)) / 1.4426950408889634",
-           "tl.log2(l_safe) / 1.4426950408889634", hint=NO_MAX),
+    Mutant("w37.flash_attention", "LSE without the running max", "(m_i + tl.log2(l_safe)) / LOG2E",
+           "tl.log2(l_safe) / LOG2E", hint=NO_MAX),
     # cuda_flash_attention (CUDA C: run on a GPU; on a CPU they compile and are skipped)
     Mutant("w37.cuda_flash_attention", "accumulator not rescaled",
            "for (int c = 0; c < 2; ++c) for (int e = 0; e < 4; ++e) acc[i][c][e] *= alpha;", "", hint=ACC),
