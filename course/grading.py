@@ -46,7 +46,9 @@ class Case:
 
 @dataclass
 class Task:
-    """One graded exercise. `reference(*inputs)` works on float64 arrays and returns a tuple."""
+    """One graded exercise. `reference(*inputs)` works on float64 arrays and returns a tuple.
+    `id` is "<week>.<entry>" ("w33.online_softmax"); `entry` is the function of the exercise module the learner
+    writes (the id's second part unless given), `week` the id's first part: no other module splits an id."""
     id: str
     backend: str                      # "numpy", "triton" or "cuda"
     regions: tuple[str, ...]          # names in the exercise module that hold the learner's code
@@ -64,6 +66,14 @@ class Task:
     # fn -> None, raising GradingError: a property the cases cannot see (memory that grows as N²), checked
     # after every case passed, on a GPU only
     gpu_check: Callable | None = None
+    entry: str = ""
+
+    def __post_init__(self):
+        self.entry = self.entry or self.id.split(".")[1]
+
+    @property
+    def week(self) -> str:
+        return self.id.split(".")[0]
 
     def graded_dtypes(self) -> tuple[str, ...]:
         if self.backend == "triton":
@@ -152,7 +162,8 @@ def closest_bug(got: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | 
 
 
 def spec_of(task: "Task") -> submission.Spec:
-    return submission.Spec(task.id, task.backend, task.regions, task.graded_dtypes(), task.banned, task.writes_out)
+    return submission.Spec(task.id, task.backend, task.regions, task.graded_dtypes(), task.banned, task.writes_out,
+                           task.entry, task.week)
 
 
 class LocalRunner:

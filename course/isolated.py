@@ -113,7 +113,7 @@ class IsolatedRunner:
         from . import backend
         from .grading import spec_of
         self.spec, self.task = spec_of(task), task
-        self.source, self.name = source, name or task.id.split(".")[1]
+        self.source, self.name = source, name or task.entry
         self.interpreted = interpreter or not backend.ON_GPU
         env = {k: v for k, v in os.environ.items() if k not in ("COURSE_SOLUTIONS", "PYTHONSTARTUP")}
         if interpreter:
@@ -155,7 +155,7 @@ class IsolatedRunner:
     def begin(self) -> tuple[bool, str]:
         s = self.spec
         answer = self._ask({"do": "begin", "spec": [s.exercise, s.backend, list(s.regions), list(s.dtypes),
-                                                    list(s.banned), s.writes_out]})
+                                                    list(s.banned), s.writes_out, s.entry, s.week]})
         return answer["ran"], answer["note"]
 
     def run(self, trial) -> submission.Outcome:
@@ -205,7 +205,7 @@ def grade_exercise(exercise_id: str, source: Path, seed: int | None = None, hidd
         return {"status": "missing", "detail": f"{exercise_id}: no file {source}"}
     runner = IsolatedRunner(task, source)
     try:
-        report = grade(task, runner, seed, hidden, name=exercise_id.split(".")[1], official=True)
+        report = grade(task, runner, seed, hidden, name=task.entry, official=True)
     except NotImplementedYet as err:
         return {"status": "not implemented", "detail": str(err)}
     except GradingError as err:

@@ -76,7 +76,7 @@ def load(edit: Mutant | Variant, index: int):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
-    return getattr(module, edit.exercise.split(".")[1])
+    return getattr(module, registry.task(edit.exercise).entry)
 
 
 def verdict(mutant: Mutant, index: int) -> tuple[str, str]:
@@ -113,7 +113,7 @@ def _accepts(args: tuple) -> tuple[str, int, str]:
     from .grading import check
     solution = _solution(registry.week_of(exercise))
     try:
-        check(exercise, getattr(solution, exercise.split(".")[1]), seed=seed)
+        check(exercise, getattr(solution, registry.task(exercise).entry), seed=seed)
     except GradingError as err:
         return exercise, seed, str(err).splitlines()[0]
     return exercise, seed, ""

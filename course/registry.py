@@ -24,7 +24,8 @@ def task(exercise_id: str):
 
 
 def week_of(exercise_id: str) -> str:
-    prefix = exercise_id.split(".")[0]
+    """"w33_softmax" for "w33.online_softmax" (or for "w33")."""
+    prefix = task(exercise_id).week if "." in exercise_id else exercise_id
     return next(w for w in WEEKS if w.startswith(prefix + "_"))
 
 
@@ -33,7 +34,7 @@ def select(selector: str) -> list[str]:
     ids = list(all_tasks())
     if selector == "all":
         return ids
-    chosen = [i for i in ids if i == selector or i.split(".")[0] == selector]
+    chosen = [i for i, t in all_tasks().items() if i == selector or t.week == selector]
     if not chosen:
         raise SystemExit(f"no exercise matches {selector!r}; try 'all', a week like 'w33', or one of: {', '.join(ids)}")
     return chosen
@@ -65,7 +66,7 @@ class _Yours:
         value = getattr(self._module, name)
         for exercise_id, task in week_tasks(self._week).items():
             regions = [getattr(self._module, r) for r in task.regions if hasattr(self._module, r)]
-            if exercise_id.split(".")[1] == name and any(unfinished(r) for r in regions):
+            if task.entry == name and any(unfinished(r) for r in regions):
                 def unsolved(*args, **kwargs):
                     raise NotImplementedYet(f"this cell runs your `{name}`: solve {exercise_id} first")
                 return unsolved

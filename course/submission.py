@@ -53,6 +53,8 @@ class Spec:
     dtypes: tuple = ()
     banned: tuple = ()
     writes_out: bool = False
+    entry: str = ""                  # the exercise module's function the learner writes (Task.entry)
+    week: str = ""                   # "w33" (Task.week)
 
 
 @dataclass
@@ -186,7 +188,7 @@ def begin(spec: Spec, fn) -> tuple[bool, str]:
     from .cuda import CudaCompileError, compile_report
     sources = [getattr(module, r) for r in spec.regions if isinstance(getattr(module, r, None), str)]
     try:
-        kernel = spec.exercise.split(".")[1]
+        kernel = spec.entry
         note = "; ".join(str(r) for src in sources for r in compile_report(src, kernel, tuple(spec.dtypes)))
     except CudaCompileError as err:
         raise GradingError(f"{spec.exercise}: your CUDA C does not compile.\n{err}") from None
@@ -285,9 +287,9 @@ def forbidden_imports(spec: Spec, fn) -> list[str]:
     own = getattr(fn, "__module__", "") or ""
     if _REFERENCES.match(own) and not own.startswith("solutions."):
         return [own]
-    week = spec.exercise.split(".")[0] + "_"
+    week = spec.week + "_"
     files = [m for name, m in list(sys.modules.items()) if name.startswith("course.exercises." + week)
-             and m is not None and (getattr(m, spec.exercise.split(".")[1], None) is fn or name == own)]
+             and m is not None and (getattr(m, spec.entry, None) is fn or name == own)]
     found = set()
     for module in files:
         for value in vars(module).values():
