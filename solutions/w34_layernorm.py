@@ -163,7 +163,7 @@ def _sm_count(device: int) -> int:
 @functools.lru_cache(maxsize=1024)  # asked on every call: the answer per row length is worked out once
 def _row_launch(n_cols: int, element_size: int, op: str, bytes_per_warp: int = 4096) -> tuple[int, int]:
     """(BLOCK, num_warps) for a one-program-per-row kernel: `bytes_per_warp` of the row per warp, 4 to 16
-    warps (swept on an H200 with tools/exp_w34.py and tools/exp_w34_bwd.py)."""
+    warps (swept on an H200: tune_rows in course/w34_layernorm/bench.py)."""
     if n_cols > MAX_COLS:
         raise ValueError(f"{op}: rows of {n_cols} columns do not fit one block (at most {MAX_COLS})")
     block = triton.next_power_of_2(n_cols)
@@ -221,7 +221,7 @@ def layernorm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, out: to
     mean, rstd = _stats_like(x), _stats_like(x)
     block, warps = _row_launch(n_cols, x.element_size(), "layernorm")
     args = (x2, weight, bias, out2, mean, rstd)
-    if n_cols >= 8192 and block * x.element_size() <= 65536:  # long rows: the loop (tools/exp_w34_s5.py, H200)
+    if n_cols >= 8192 and block * x.element_size() <= 65536:  # long rows: the loop (bench.tune_rows, H200)
         launch(layernorm_loop_kernel, (min(2 * _sms(x), n_rows),), *args, n_rows, n_cols, eps, BLOCK=block,
                COMPUTE=_compute_dtype(x), STAGES=3, num_warps=8)
     else:
@@ -382,7 +382,7 @@ def weight_grad_kernel(part_ptr, out_ptr, n_parts, n_cols, BLOCK_P: tl.constexpr
     tl.store(out_ptr + cols, total.to(out_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
-SUM_COLS = 32  # columns per program of weight_grad_kernel (tools/exp_w34_sum.py: 32 beats 16-256)
+SUM_COLS = 32  # columns per program of weight_grad_kernel (tune_weight_grad in the week's bench.py: 32 beats 16-256)
 
 
 def _sum_parts(parts: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -405,7 +405,7 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
         raise ValueError(f"norm_backward: dy must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     block, _ = _row_launch(n_cols, x.element_size(), "norm_backward")
     short = n_cols * x.element_size() <= 8192  # rows of at most 8 KB (settings swept on an H200)
-    long = want_dx and n_cols > LONG_ROW        # the row in two halves (tools/exp_w34_s5.py)
+    long = want_dx and n_cols > LONG_ROW        # the row in two halves (notes/w34_perf.md, session 5)
     if programs is None:  # one or two programs per SM; on CPU a few, so stage 2 has parts to sum
         programs = (2 if short else 1) * _sms(x)
     rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))

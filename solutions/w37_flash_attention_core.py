@@ -325,7 +325,8 @@ def flash_attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, M, N, D, H, qk_s
     tl.store(lse_ptr + bh.to(tl.int64) * M + rows, lse, mask=rows < M)
 
 
-# (BLOCK_M, BLOCK_N, num_warps, STAGES) per head dimension on a GPU (tools/exp_w37.py); small tiles on CPU
+# (BLOCK_M, BLOCK_N, num_warps, STAGES) per head dimension on a GPU (swept on an H200: tune_tiles in
+# course/w37_flash_attention_core/bench.py); small tiles on CPU
 GPU_TILES = {64: (128, 64, 8, 3), 128: (128, 64, 8, 3)}
 CPU_TILES = (32, 16, 4, 1)
 

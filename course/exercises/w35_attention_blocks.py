@@ -108,8 +108,9 @@ def qk_scores_kernel(q_ptr, k_ptr, s_ptr, M, N, D, H, scale, sqb, sqh, sqm, skb,
     # YOUR CODE HERE
 
 
-# (BLOCK_M, BLOCK_N, TILES, STAGES, num_warps): the GPU tiles from the sweep in tools/exp_w35.py; on CPU
-# small tiles, so the graders' small heads still run several blocks, partial blocks and the loops.
+# (BLOCK_M, BLOCK_N, TILES, STAGES, num_warps): the GPU tiles from a sweep on an H200 (tune_qk in
+# course/w35_attention_blocks/bench.py); on CPU small tiles, so the graders' small heads still run several blocks,
+# partial blocks and the loops.
 QK_TILE = (128, 64, 16, 3, 8) if ON_GPU else (32, 32, 2, 1, 4)
 
 
@@ -189,7 +190,8 @@ def scale_mask_softmax(scores: torch.Tensor, out: torch.Tensor | None = None, sc
                      rows=True)
     lengths, slopes = _mask_args("scale_mask_softmax", scores, key_lengths, alibi_slopes)
     block = max(32, triton.next_power_of_2(n))
-    # about 2 KB of scores per warp, 2 to 16 warps (tools/exp_w35.py, H200: more warps per row lose)
+    # about 2 KB of scores per warp, 2 to 16 warps (course/w35_attention_blocks/bench.py tune_softmax, H200: more
+    # warps per row lose)
     warps = max(2, min(16, triton.next_power_of_2(block * scores.element_size() // 2048)))
     scale_mask_softmax_kernel[(bsz * heads * m,)](
         scores, out, lengths if lengths is not None else scores, slopes if slopes is not None else scores,
@@ -279,8 +281,9 @@ def pv_kernel(p_ptr, v_ptr, o_ptr, M, N, D, H, p_row_stride, svb, svh, svn, BLOC
     tl.store(o, acc.to(o_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (dims[None, :] < D))
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) on the GPU (tools/exp_w35.py); small on CPU, so the graders' small
-# heads still run several key blocks and the causal skip.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) on the GPU (swept on an H200: tune_pv in
+# course/w35_attention_blocks/bench.py); small on CPU, so the graders' small heads still run several key blocks and
+# the causal skip.
 PV_TILE = (128, 64, 8, 3) if ON_GPU else (32, 32, 4, 1)
 
 

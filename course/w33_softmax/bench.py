@@ -85,3 +85,20 @@ def tune(sizes=((4096, 16384), (1024, 65536), (256, 262144)), dtypes=DTYPES) -> 
                     rows.append({"dtype": dtype, "M": m, "N": n, "block": block, "warps": warps,
                                  "GB/s": round(softmax_cost(m, n, x.element_size())["bytes"] / ms / 1e6)})
     return pd.DataFrame(rows)
+
+
+def registers(sizes=(("float32", 1024), ("float32", 16384), ("float32", 65536), ("bfloat16", 16384))) -> pd.DataFrame:
+    """Registers per thread and spilled values of softmax_kernel at triton_softmax's launch settings, uncapped and
+    with ROW_REGISTER_CAP (course/results/logs/w33_registers_h200.txt, quoted in the day-4 lesson). GPU only."""
+    import torch
+    from ..registry import kernels
+    s, rows = kernels("w33_softmax"), []
+    for dtype, n in sizes:
+        x = torch.randn(1, n, device="cuda", dtype=getattr(torch, dtype))
+        block, size = s.row_block(n), x.element_size()
+        for cap in sorted({None, s.ROW_REGISTER_CAP.get((block, size))}, key=str):
+            compiled = s.softmax_kernel[(1,)](x, torch.empty_like(x), n, BLOCK=block, maxnreg=cap,
+                                              num_warps=s._row_warps(block, size))
+            rows.append({"dtype": dtype, "N": n, "maxnreg": cap, "registers": compiled.n_regs,
+                         "spilled": compiled.n_spills})
+    return pd.DataFrame(rows)

@@ -89,3 +89,56 @@ def run() -> pd.DataFrame:
         table = bench.versus(table, lambda r: (peer.get(r["kernel"]), r["dtype"], r["M"], r["N"]),
                              ["kernel", "dtype", "M", "N"], f"vs_{library}")
     return table
+
+
+def tune_rows(sizes=SIZES, dtypes=DTYPES, warps=(2, 4, 8, 16, 32), per_sm=(1, 2, 4)) -> pd.DataFrame:
+    """GB/s of the forward row kernels at each num_warps and of layernorm_loop_kernel at each programs per SM
+    (3 stages, 8 warps): how _row_launch's warps and layernorm's loop for long rows were chosen. GPU only."""
+    import torch
+    import triton
+    import triton.language as tl
+    from ..registry import kernels
+    s, rows = kernels("w34_layernorm"), []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for dtype in dtypes:
+        for m, n in sizes:
+            x, r = (torch.randn(m, n, device="cuda", dtype=getattr(torch, dtype)) for _ in range(2))
+            w, b = torch.ones_like(x[0]), torch.zeros_like(x[0])
+            y, h = torch.empty_like(x), torch.empty_like(x)
+            mean, rstd = (torch.empty(m, device="cuda") for _ in range(2))
+            meta = {"BLOCK": triton.next_power_of_2(n), "COMPUTE": tl.float32}
+            runs = {(k, f"{p} warps"): (lambda k=k, a=a, p=p: getattr(s, k)[(m,)](*a, n, 1e-5, **meta, num_warps=p))
+                    for p in warps for k, a in (("layernorm_kernel", (x, w, b, y, mean, rstd)),
+                                                ("rmsnorm_kernel", (x, w, y, rstd)),
+                                                ("fused_add_rmsnorm_kernel", (x, r, w, y, h)))}
+            runs.update({("layernorm_loop_kernel", f"{p} programs/SM"):
+                         lambda p=p: s.layernorm_loop_kernel[(min(p * sms, m),)](
+                             x, w, b, y, mean, rstd, m, n, 1e-5, **meta, STAGES=3, num_warps=8) for p in per_sm})
+            for (kernel, setting), fn in runs.items():
+                ms, why = bench.attempt_ms(fn)
+                stage = "fused" if kernel.startswith("fused") else "forward"
+                nbytes = norm_cost(m, n, x.element_size(), stage)["bytes"]
+                rows.append({"dtype": dtype, "M": m, "N": n, "kernel": kernel, "setting": setting,
+                             "GB/s": nbytes / ms / 1e6, "note": why})
+            del x, r, y, h
+            torch.cuda.empty_cache()
+    return pd.DataFrame(rows).round({"GB/s": 0})
+
+
+def tune_weight_grad(widths=(1024, 4096, 8192, 16384), per_sm=(1, 2), cols=(16, 32, 64, 128, 256)) -> pd.DataFrame:
+    """µs of weight_grad_kernel (stage 2 of the backward) at each columns per program, summing per_sm · SMs float32
+    partial rows of LayerNorm's width 2N: how SUM_COLS was chosen (the day-6 lesson). GPU only."""
+    import torch
+    import triton
+    from ..registry import kernels
+    s, rows = kernels("w34_layernorm"), []
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for n in widths:
+        for p in per_sm:
+            parts = torch.randn(p * sms, 2 * n, device="cuda")
+            out = torch.empty(2 * n, device="cuda", dtype=torch.bfloat16)
+            for c in cols:
+                ms = bench.gpu_ms(lambda c=c: s.weight_grad_kernel[(triton.cdiv(2 * n, c),)](
+                    parts, out, p * sms, 2 * n, BLOCK_P=32, BLOCK_N=c, num_warps=4))
+                rows.append({"N": n, "parts": p * sms, "cols_per_program": c, "us": round(1e3 * ms, 1)})
+    return pd.DataFrame(rows)

@@ -7,12 +7,17 @@
 Two times per row (course/bench.py `timed`): `ms` the kernel alone, `call_ms` per call as a user sees it, and the rates
 of each (`TFLOP/s`, `GB/s`; `call_TFLOP/s`, `call_GB/s`). `speedup` is the peer's ms over this row's (`call_speedup`:
 the same per call), both from this run. A size or peer that does not fit, or fails, has NaN and the reason in `note`.
-FLOPs and bytes come from reference.py's cost model."""
+FLOPs and bytes come from reference.py's cost model.
+
+`tune_qk`, `tune_pv` and `tune_softmax` are the sweeps that chose the kernels' launch settings (QK_TILE, PV_TILE, the
+fused softmax's warps per row; notes/w35_perf.md): not part of run(), each returns a table, one row per setting."""
+import contextlib
 import math
 
 import pandas as pd
 
 from .. import bench
+from ..attention_cost import pv_cost
 from . import reference as ref
 
 B, H = 4, 16
@@ -30,9 +35,9 @@ def _causal_keep(n, device):
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
-def _randn(*shape):
+def _randn(*shape, dtype="bfloat16"):
     import torch
-    return torch.randn(*shape, device=DEVICE, dtype=torch.bfloat16)
+    return torch.randn(*shape, device=DEVICE, dtype=getattr(torch, dtype))
 
 
 def qk_rows(s, rows=None):
@@ -149,3 +154,123 @@ def run(parts=PARTS) -> pd.DataFrame:
     return table.round({"ms": 4, "call_ms": 4, "host_us": 1, "TFLOP/s": 1, "call_TFLOP/s": 1, "GB/s": 1,
                         "call_GB/s": 1, "peak_MB": 1, "speedup": 2, "call_speedup": 2, "vs_copy": 3, "vs_matmul": 3,
                         "copy_ceiling_GB/s": 1, "matmul_ceiling_TFLOP/s": 1})
+
+
+# ---------------------------------------------------------------- sweeps of the launch settings (not part of run())
+TUNE_SIZES = ((4096, 128), (4096, 64), (1024, 128))  # (N, d)
+# (BLOCK_M, BLOCK_N, TILES, STAGES, num_warps); the first: one tile per program
+QK_TILES = [(128, 128, 1, 1, 8), (128, 128, 16, 3, 8), (128, 64, 16, 3, 8), (128, 64, 16, 3, 4), (128, 64, 8, 3, 8),
+            (128, 64, 32, 3, 8), (128, 64, 16, 2, 8), (128, 64, 16, 4, 8), (64, 64, 16, 3, 4), (64, 128, 16, 3, 4),
+            (256, 64, 16, 3, 8), (128, 32, 16, 3, 4)]
+# (BLOCK_M, BLOCK_N, num_warps, num_stages)
+PV_TILES = [(128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 4),
+            (256, 64, 8, 3), (128, 32, 4, 4)]
+SOFTMAX_WARPS = (1, 2, 4, 8, 16)
+
+
+@contextlib.contextmanager
+def _setting(module, name, value):
+    """The launcher's module-level setting `name` (QK_TILE, PV_TILE) set to `value` for the block."""
+    old = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, old)
+
+
+def _checked(fn, want) -> dict:
+    """fn() (which returns its output) checked against `want`, then timed: {ms, max_abs_error, note}; a setting that
+    does not compile or fails has NaN and the reason."""
+    try:
+        error = (fn().float() - want).abs().max().item()
+    except Exception as exc:  # noqa: BLE001 - too much shared memory, a shape the compiler rejects: recorded
+        return {"ms": math.nan, "max_abs_error": math.nan, "note": bench.reason(exc)}
+    ms, why = bench.attempt_ms(fn)
+    return {"ms": ms, "max_abs_error": error, "note": why}
+
+
+def tune_qk(sizes=TUNE_SIZES, tiles=QK_TILES, dtype="bfloat16") -> pd.DataFrame:
+    """qk_scores at each tile (BLOCK_M, BLOCK_N, TILES, STAGES, num_warps) against torch.matmul timed on the
+    same inputs: TFLOP/s and `vs_torch`; `current` marks QK_TILE."""
+    import torch
+    from ..registry import kernels
+    s = kernels("w35_attention_blocks")
+    rows = []
+    for n, d in sizes:
+        q, k = _randn(B, H, n, d, dtype=dtype), _randn(B, H, n, d, dtype=dtype)
+        out = torch.empty(B, H, n, n, device=DEVICE, dtype=q.dtype)
+        want = torch.matmul(q, k.transpose(-1, -2)).float()
+        flops = ref.qk_cost(B * H, n, n, d, q.element_size())["flops"]
+        peer = bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out))
+        for tile in tiles:
+            with _setting(s, "QK_TILE", tile):
+                row = _checked(lambda: s.qk_scores(q, k, out=out), want)
+            rows.append({"N": n, "d": d, "tile": tile, "current": tile == s.QK_TILE, **row,
+                         "TFLOP/s": flops / row["ms"] / 1e9, "vs_torch": peer / row["ms"]})
+        del q, k, out, want
+        torch.cuda.empty_cache()
+    return pd.DataFrame(rows).round({"ms": 4, "TFLOP/s": 1, "vs_torch": 3})
+
+
+def tune_pv(sizes=TUNE_SIZES, tiles=PV_TILES, dtype="bfloat16") -> pd.DataFrame:
+    """pv at each tile (BLOCK_M, BLOCK_N, num_warps, num_stages), no mask, against torch.matmul
+    timed on the same inputs; `current` marks PV_TILE."""
+    import torch
+    from ..registry import kernels
+    s = kernels("w35_attention_blocks")
+    rows = []
+    for n, d in sizes:
+        p = torch.softmax(_randn(B, H, n, n, dtype=dtype), dim=-1)
+        v = _randn(B, H, n, d, dtype=dtype)
+        out = torch.empty(B, H, n, d, device=DEVICE, dtype=v.dtype)
+        want = torch.matmul(p.float(), v.float())
+        flops = pv_cost(B * H, n, n, d, v.element_size())["flops"]
+        peer = bench.gpu_ms(lambda: torch.matmul(p, v, out=out))
+        for tile in tiles:
+            with _setting(s, "PV_TILE", tile):
+                row = _checked(lambda: s.pv(p, v, out=out), want)
+            rows.append({"N": n, "d": d, "tile": tile, "current": tile == s.PV_TILE, **row,
+                         "TFLOP/s": flops / row["ms"] / 1e9, "vs_torch": peer / row["ms"]})
+        del p, v, out, want
+        torch.cuda.empty_cache()
+    return pd.DataFrame(rows).round({"ms": 4, "TFLOP/s": 1, "vs_torch": 3})
+
+
+def tune_softmax(sizes=SOFTMAX_SIZES, warps=SOFTMAX_WARPS, masks=MASKS, dtype="bfloat16") -> pd.DataFrame:
+    """The fused scale + mask + softmax kernel at each num_warps (scores and probabilities in `dtype`), no mask and causal:
+    GB/s on the bytes it must move and `vs_copy`; the row `launcher` is scale_mask_softmax with its own choice."""
+    import torch
+    import triton
+    from ..registry import kernels
+    s = kernels("w35_attention_blocks")
+    copy = bench.copy_ceiling_gbps()
+    scale = 1 / math.sqrt(128)
+    rows = []
+    for n in sizes:
+        scores = 3 * _randn(B, H, n, n, dtype=dtype)
+        out = torch.empty_like(scores)
+        keep = _causal_keep(n, DEVICE)
+        for mask in masks:
+            causal = mask == "causal"
+            x = scores.float() * scale
+            want = torch.softmax(x.masked_fill(~keep, float("-inf")) if causal else x, dim=-1)
+            del x
+            nbytes = ref.softmax_cost(B * H, n, n, scores.element_size(), causal)["bytes"]
+
+            def kernel(w):
+                s.scale_mask_softmax_kernel[(B * H * n,)](
+                    scores, out, scores, scores, n, n, H, scale, *scores.stride()[:3], out.stride(2),
+                    BLOCK_N=max(32, triton.next_power_of_2(n)), CAUSAL=causal, HAS_LENGTHS=False, HAS_ALIBI=False,
+                    num_warps=w)
+                return out
+            runs = {w: (lambda w=w: kernel(w)) for w in warps}
+            runs["launcher"] = lambda: s.scale_mask_softmax(scores, out, scale, causal=causal)
+            for w, fn in runs.items():
+                row = _checked(fn, want)
+                rows.append({"N": n, "mask": mask, "warps": w, **row, "GB/s": nbytes / row["ms"] / 1e6,
+                             "vs_copy": nbytes / row["ms"] / 1e6 / copy})
+            del want
+        del scores, out, keep
+        torch.cuda.empty_cache()
+    return pd.DataFrame(rows).round({"ms": 4, "GB/s": 1, "vs_copy": 3})

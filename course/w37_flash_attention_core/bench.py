@@ -9,7 +9,9 @@
   PyTorch's eager attention, next to the cost model: linear against quadratic.
 Two times per timed row (course/bench.py `timed`): `ms` the kernel alone and `call_ms` per call, with `TFLOP/s` and
 `call_TFLOP/s`; `call_speedup` is `speedup` per call. A size or peer that does not fit in memory (SDPA math's N × N
-scores), or fails, has NaN and the reason in `note`, and the run goes on."""
+scores), or fails, has NaN and the reason in `note`, and the run goes on.
+
+`tune_tiles` is the sweep that chose the Triton forward's GPU tiles (GPU_TILES; notes/w37_flash.md): not part of run()."""
 import math
 
 import pandas as pd
@@ -155,3 +157,48 @@ def run(parts=PARTS) -> pd.DataFrame:
     table["matmul_ceiling_TFLOP/s"] = matmul
     return table.round({"ms": 4, "call_ms": 4, "host_us": 1, "TFLOP/s": 1, "call_TFLOP/s": 1, "peak_MB": 1,
                         "model_MB": 1, "speedup": 2, "call_speedup": 2, "vs_matmul": 3, "matmul_ceiling_TFLOP/s": 1})
+
+
+# ---------------------------------------------------------------- the sweep of the Triton forward's tiles
+TUNE_SIZES = (2048, 4096, 8192)
+# (BLOCK_M, BLOCK_N, num_warps, STAGES) tried per head dimension
+TILES = {64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 4, 3), (128, 64, 4, 4)],
+         128: [(128, 64, 8, 3), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 3), (128, 64, 4, 3)]}
+
+
+def tune_tiles(sizes=TUNE_SIZES, head_dims=HEAD_DIMS, tiles=TILES, dtype="bfloat16") -> pd.DataFrame:
+    """flash_attention at each tile (BLOCK_M, BLOCK_N, num_warps, STAGES), the issue's shapes, no mask and
+    causal, against SDPA's FlashAttention-2 and cuDNN backends timed on the same inputs (`vs_fa2`, `vs_cudnn`); each
+    tile checked against FlashAttention-2's output first. `current` marks the kernel's GPU_TILES entry."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    from ..registry import kernels
+    s37 = kernels("w37_flash_attention_core")
+    fa2, cudnn = _sdpa(SDPBackend.FLASH_ATTENTION), _sdpa(SDPBackend.CUDNN_ATTENTION)
+    rows = []
+    for d in head_dims:
+        for n in sizes:
+            b, h = TOKENS // n, WIDTH // d
+            q, k, v = (_randn(b, h, n, d, dtype=dtype) for _ in range(3))
+            for causal in (False, True):
+                flops = cost.attention_flops(b * h, n, n, d, causal)
+                peers = {name: bench.attempt_ms(lambda fn=fn: fn(q, k, v, causal))[0]
+                         for name, fn in (("fa2", fa2), ("cudnn", cudnn))}
+                try:
+                    want = fa2(q, k, v, causal).float()
+                except Exception:  # noqa: BLE001 - no FlashAttention-2 here: checked against float32 math instead
+                    want = _sdpa(SDPBackend.MATH)(q.float(), k.float(), v.float(), causal)
+                for tile in tiles[d]:
+                    fn = lambda tile=tile: s37.flash_attention(q, k, v, causal=causal, tiles=tile)  # noqa: E731
+                    try:
+                        error = (fn()[0].float() - want).abs().max().item()
+                        ms, note = bench.attempt_ms(fn)
+                    except Exception as exc:  # noqa: BLE001 - a tile that does not fit shared memory: recorded
+                        error, ms, note = math.nan, math.nan, bench.reason(exc)
+                    rows.append({"d": d, "N": n, "B": b, "H": h, "mask": "causal" if causal else "none", "tile": tile,
+                                 "current": tile == getattr(s37, "GPU_TILES", {}).get(d), "ms": ms,
+                                 "TFLOP/s": flops / ms / 1e9, "vs_fa2": peers["fa2"] / ms,
+                                 "vs_cudnn": peers["cudnn"] / ms, "max_abs_error": error, "note": note})
+            del q, k, v, want
+            torch.cuda.empty_cache()
+    return pd.DataFrame(rows).round({"ms": 4, "TFLOP/s": 1, "vs_fa2": 3, "vs_cudnn": 3})
