@@ -146,6 +146,12 @@ def matching_bugs(got: np.ndarray, expected: np.ndarray, candidates: dict, rtol:
     return [hint for hint, d in distances.items() if d <= best * (1 + 1e-6) + 1e-12]
 
 
+def pick(variants: dict, index: int) -> dict:
+    """{hint: forms of output `index`} from {hint: [(out0, out1, ...), ...]}: the candidates for one output of an
+    exercise with several (diagnose compares one output at a time)."""
+    return {h: [form[index] for form in forms] for h, forms in variants.items()}
+
+
 def diagnose(got: np.ndarray, expected: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | None:
     """The known bug `got` matches on this case (matching_bugs), or None. Where the case cannot tell several apart,
     all of them joined by OR: the grader weighs them against the other failing cases (_diagnosis)."""

@@ -5,7 +5,7 @@ import warnings
 
 import numpy as np
 
-from ..grading import Case, Task, diagnose, seen
+from ..grading import Case, Task, diagnose, pick, seen
 from . import reference as ref
 from .reference import EPS
 
@@ -102,13 +102,8 @@ def _with_residual(rng, x):
 
 # ---------------------------------------------------------------- diagnosis: what known bugs produce
 # Each *_variants function maps a hint to what a known bug makes of an output on the case's own inputs (an array,
-# or a list of the forms the bug can take), computed in float64 from reference.py's formulas; `_diagnose` names the
+# or a list of the forms the bug can take), computed in float64 from reference.py's formulas; `grading.diagnose` names the
 # bug whose output the learner's matches. A bug whose output this case cannot tell from the right one is left out.
-def _pick(variants: dict, index: int) -> dict:
-    """{hint: forms of output `index`} from {hint: [(out0, out1, ...), ...]}."""
-    return {h: [form[index] for form in forms] for h, forms in variants.items()}
-
-
 def _welford(x, step=lambda count: count, m2_term=lambda delta, value, mean: delta * (value - mean)):
     """Welford's loop over the columns of x in float64, with the mean's step divisor and the M2 term as given."""
     count, mean, m2 = 0, np.zeros(x.shape[:-1]), np.zeros(x.shape[:-1])
@@ -151,7 +146,7 @@ def _cancelled(x, dtype, got, var):
 def variance_hint(case, got, expected):
     (x,) = seen(case)
     index = ("mean", "var").index(case.output)
-    found = diagnose(got, expected, _pick(variance_variants(x), index))
+    found = diagnose(got, expected, pick(variance_variants(x), index))
     if found is None and case.output == "var" and _cancelled(x, case.dtype, got, expected):
         return ONE_PASS
     return found
@@ -180,7 +175,7 @@ def merge_variants(n_a, mean_a, m2_a, n_b, mean_b, m2_b):
 
 def merge_hint(case, got, expected):
     index = ("n", "mean", "m2").index(case.output)
-    return diagnose(got, expected, _pick(merge_variants(*seen(case)), index))
+    return diagnose(got, expected, pick(merge_variants(*seen(case)), index))
 
 
 EPS_INSIDE = ("eps belongs inside the square root: rstd = 1 / sqrt({} + eps) (outside it, or left out, it no longer "
@@ -257,7 +252,7 @@ def rms_variants(x, w):
 
 
 def rms_hint(case, got, expected):
-    return diagnose(got, expected, _pick(rms_variants(*seen(case)), ("y", "rstd").index(case.output)))
+    return diagnose(got, expected, pick(rms_variants(*seen(case)), ("y", "rstd").index(case.output)))
 
 
 def fused_variants(x, r, w):
@@ -274,7 +269,7 @@ def fused_variants(x, r, w):
 
 
 def fused_hint(case, got, expected):
-    return diagnose(got, expected, _pick(fused_variants(*seen(case)), ("y", "h").index(case.output)))
+    return diagnose(got, expected, pick(fused_variants(*seen(case)), ("y", "h").index(case.output)))
 
 
 def dx_variants(x, w, dy):
@@ -370,7 +365,7 @@ def weight_grad_variants(x, w, dy, dtype):
 def weight_grad_hint(case, got, expected):
     x, w, dy = seen(case)
     variants = weight_grad_variants(x, w, dy, case.dtype)
-    return diagnose(got, expected, _pick(variants, ("dweight", "dbias").index(case.output)))
+    return diagnose(got, expected, pick(variants, ("dweight", "dbias").index(case.output)))
 
 
 def cuda_layernorm_hint(case, got, expected):

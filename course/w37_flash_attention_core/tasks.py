@@ -7,8 +7,7 @@ import math
 
 import numpy as np
 
-from ..grading import Case, GradingError, Task, diagnose, exact, seen
-from ..w34_layernorm.tasks import _pick
+from ..grading import Case, GradingError, Task, diagnose, exact, pick, seen
 from ..w35_attention_blocks import reference as ref35
 from ..w35_attention_blocks.tasks import ALL_DTYPES, MATMULS, SDPA, SOFTMAXES, flash_rule, huge_heads, normal_heads
 from . import reference as ref
@@ -195,7 +194,7 @@ def online_variants(m, l, o, s, v):
 
 def online_update_hint(case, got, expected):
     index = ("m", "l", "o").index(case.output)
-    return diagnose(got, expected, _pick(online_variants(*seen(case)), index))
+    return diagnose(got, expected, pick(online_variants(*seen(case)), index))
 
 
 def _forward(q, k, v, keep, scale):
@@ -321,7 +320,7 @@ def forward_variants(q, k, v, causal=False, block_m=None, block_n=None, **_):
 def forward_hint(case, got, expected):
     index = ("o", "lse").index(case.output)
     with np.errstate(all="ignore"):
-        return diagnose(got, expected, _pick(forward_variants(*seen(case), **case.kwargs), index))
+        return diagnose(got, expected, pick(forward_variants(*seen(case), **case.kwargs), index))
 
 
 def count_variants(bh, m, n, d, block_m, block_n, causal=False):
@@ -362,7 +361,7 @@ def count_variants(bh, m, n, d, block_m, block_n, causal=False):
 
 def count_hint(case, got, expected):
     variants = count_variants(**case.kwargs)
-    return diagnose(got, expected, _pick(variants, ("reads", "writes").index(case.output)), rtol=EXACT)
+    return diagnose(got, expected, pick(variants, ("reads", "writes").index(case.output)), rtol=EXACT)
 
 
 def bounds_variants(pid_m, block_m, block_n, n):
@@ -386,7 +385,7 @@ def bounds_variants(pid_m, block_m, block_n, n):
 
 
 def bounds_hint(case, got, expected):
-    return diagnose(got, expected, _pick(bounds_variants(**case.kwargs), ("free", "stop").index(case.output)),
+    return diagnose(got, expected, pick(bounds_variants(**case.kwargs), ("free", "stop").index(case.output)),
                      rtol=EXACT)
 
 
