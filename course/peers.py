@@ -16,7 +16,8 @@ def _library(name: str):
     try:
         return __import__(name, fromlist=["_"]), ""
     except Exception as exc:  # noqa: BLE001 - missing, or built for other CUDA / torch / triton versions
-        return None, f"{name} not usable here: {type(exc).__name__}: {str(exc).splitlines()[0][:100] if str(exc) else ''}"
+        first = (str(exc).splitlines() or [""])[0][:100]
+        return None, f"{name} not usable here: {type(exc).__name__}: {first}"
 
 
 def _unavailable(why: str):
@@ -76,8 +77,9 @@ def norms_forward(x, w, b) -> dict:
                                                lambda m: lambda: m.LigerLayerNormFunction.apply(x, w, b, 1e-5))),
         "torch.compile layer_norm": ("layernorm", lambda: compiled(_layer_norm)(x, w, b)),
         "quack rmsnorm": ("rmsnorm", _from("quack", lambda q: lambda: q.rmsnorm(x, w, eps=1e-5))),
-        "liger rmsnorm": ("rmsnorm", _from("liger_kernel.ops.rms_norm", lambda m: lambda: m.LigerRMSNormFunction.apply(
-            x, w, 1e-5, 0.0, "llama", False))),
+        "liger rmsnorm": ("rmsnorm", _from("liger_kernel.ops.rms_norm",
+                                           lambda m: lambda: m.LigerRMSNormFunction.apply(x, w, 1e-5, 0.0, "llama",
+                                                                                          False))),
         "torch.compile rms_norm": ("rmsnorm", lambda: compiled(_rms_norm)(x, w)),
     }
 
@@ -130,3 +132,17 @@ def _through_autograd(forward, x, w, b, dy):
     except Exception as exc:  # noqa: BLE001 - recorded on the peer's row
         return _unavailable(f"forward failed: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}")
     return lambda: torch.autograd.grad(y, (xg, wg, bg), dy, retain_graph=True, allow_unused=True)
+
+
+def flash_attention_4():
+    """FlashAttention-4 (flash-attn-4, written in the CuTe DSL) as (q, k, v, causal) -> o on (B, H, N, d) tensors,
+    the layout of the course's kernels and SDPA; it takes (B, N, H, d), so the heads axis is swapped in a view."""
+    lib, why = _library("flash_attn.cute")
+    if lib is None:
+        fail = _unavailable(why)
+        return lambda q, k, v, causal: fail()
+
+    def run(q, k, v, causal):
+        out = lib.flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    return run

@@ -1,6 +1,7 @@
-"""Week 37 benchmark, one run, bf16 (the issue's shapes: batch·N = 16384 tokens, heads·d = 2048):
+"""Week 37 benchmark, one run, bf16 (batch·N = 16384 tokens, heads·d = 2048 at every N):
 - forward: TFLOP/s of the course's Triton FlashAttention forward against SDPA with each backend (FlashAttention-2,
-  cuDNN, memory-efficient, math) and FlexAttention (causal), d ∈ {64, 128}, N = 512 … 16384, no mask and causal;
+  cuDNN, memory-efficient, math), FlexAttention (causal) and FlashAttention-4 (course/peers.py), d ∈ {64, 128},
+  N = 512 … 16384, no mask and causal;
   FLOPs 4·B·H·N²·d, halved for causal (course/attention_cost.py). `speedup` is over SDPA's FlashAttention-2;
   The CuPy kernel (`cuda_flash_attention`, float32 arithmetic on bf16 storage) runs the same shapes;
 - fp32: float32 at N = 4096, d ∈ {64, 128}: the CuPy kernel against week 35's composed float32 attention (three
@@ -11,13 +12,14 @@ Two times per timed row (course/bench.py `timed`): `ms` the kernel alone and `ca
 `call_TFLOP/s`; `call_speedup` is `speedup` per call. A size or peer that does not fit in memory (SDPA math's N × N
 scores), or fails, has NaN and the reason in `note`, and the run goes on.
 
-`tune_tiles` is the sweep that chose the Triton forward's GPU tiles (GPU_TILES; notes/w37_flash.md): not part of run()."""
+`tune_tiles` is the sweep that chose the Triton forward's GPU tiles (GPU_TILES; notes/w37_flash.md): not part of
+run()."""
 import math
 
 import pandas as pd
 
 from .. import attention_cost as cost
-from .. import bench
+from .. import bench, peers
 
 TOKENS, WIDTH = 16384, 2048
 SIZES = (512, 1024, 2048, 4096, 8192, 16384)
@@ -70,7 +72,8 @@ def forward_rows(s37, rows=None):
     kernels = {"flash_attention": lambda q, k, v, causal: s37.flash_attention(q, k, v, causal=causal),
                "cuda_flash_attention": lambda q, k, v, causal: s37.cuda_flash_attention(q, k, v, causal=causal),
                PEER: _sdpa(SDPBackend.FLASH_ATTENTION), "SDPA cuDNN": _sdpa(SDPBackend.CUDNN_ATTENTION),
-               "SDPA efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION), "SDPA math": _sdpa(SDPBackend.MATH)}
+               "SDPA efficient": _sdpa(SDPBackend.EFFICIENT_ATTENTION), "SDPA math": _sdpa(SDPBackend.MATH),
+               "FlashAttention-4": peers.flash_attention_4()}
     rows = bench.Rows() if rows is None else rows
     for d in HEAD_DIMS:
         for n in SIZES:
