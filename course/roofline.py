@@ -1,9 +1,12 @@
 """Roofline plots: achieved FLOP/s against arithmetic intensity under a machine's two ceilings.
 
-`plot(points, bandwidth_gbps, peak_tflops, title)` draws one; a point is (label, flops, bytes, ms).
+`plot(points, bandwidth_gbps, peak_tflops, title)` draws one; a point is (label, flops, bytes, ms), coloured by the
+kernel its label names (course/palette.py).
 The FLOPs and bytes come from a week's cost model, the ceilings from course.bench.
 """
 import numpy as np
+
+from .palette import colour
 
 
 def _num(value: float) -> str:
@@ -24,7 +27,8 @@ def plot(points, bandwidth_gbps: float, peak_tflops: float, title: str, ax=None)
     ax.annotate(f"compute roof {_num(peak_tflops)} TFLOP/s\n(ridge at {_num(ridge)} FLOP/B)", (ridge / 8, peak_tflops * 1.3),
                 fontsize=8)
     for label, flops, nbytes, ms in points:
-        ax.plot(flops / nbytes, flops / ms / 1e9, "o", label=f"{label}: {_num(nbytes / ms / 1e6)} GB/s")
+        ax.plot(flops / nbytes, flops / ms / 1e9, "o", color=colour(label),
+                label=f"{label}: {_num(nbytes / ms / 1e6)} GB/s")
     ax.set_ylim(top=peak_tflops * 4)
     ax.set_xlabel("arithmetic intensity (FLOP / byte of memory traffic)")
     ax.set_ylabel("achieved TFLOP/s")

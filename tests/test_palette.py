@@ -12,3 +12,15 @@ def test_the_colour_does_not_depend_on_what_else_is_plotted():
     alone = colour("FlexAttention")
     [colour(name) for name in ("x", "y", "z")]
     assert colour("FlexAttention") == alone
+
+
+def test_kernels_drawn_side_by_side_are_told_apart():
+    for together in (("F.layer_norm", "F.rms_norm", "torch layer_norm backward", "torch rms_norm backward"),
+                     ("layernorm", "rmsnorm", "layernorm_backward", "rmsnorm_backward", "fused_add_rmsnorm",
+                      "cuda_layernorm"),
+                     ("quack rmsnorm", "liger rmsnorm", "torch.compile rms_norm", "rmsnorm", "F.rms_norm")):
+        assert len({colour(k) for k in together}) == len(together), together
+
+
+def test_a_label_that_starts_with_a_kernel_takes_its_colour():
+    assert colour("triton_softmax bf16 4096x1024") == colour("triton_softmax")
