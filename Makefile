@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.installed
 WEEK   ?=
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
 
-.PHONY: env lab test site grade solutions bench doctor clean
+.PHONY: env lab test site grade grade-notebooks solutions release release-check bench doctor clean
 
 env: $(STAMP)
 
@@ -26,14 +26,19 @@ lab: $(STAMP)
 test: site
 	COURSE_SOLUTIONS=1 $(PYTEST) --nbval-lax tests notebooks
 
-# The course as a static site in _build/html, notebooks executed with the reference solutions.
-# Execution is cached in _build/.jupyter_cache: an unchanged notebook is not run again.
+# The course as a static site, notebooks executed with the reference solutions. The learner's edition (the default,
+# _build/html) shows an exercise's stub wherever a lesson shows its code (COURSE_SHOW=stubs); `make site SOLUTIONS=1`
+# is the instructors' edition with the reference code (_build/html-instructors). Each edition caches execution in
+# its own _build/.jupyter_cache-<edition>: an unchanged notebook is not run again.
 # Warnings (broken references, missing images) and cell errors fail the build.
+EDITION := $(if $(SOLUTIONS),instructors,learners)
 site: $(STAMP)
-	$(PY) -m course.site
-	COURSE_SOLUTIONS=1 $(VENV)/bin/jupyter-book build . --config book/_config.yml --toc _build/toc.yml \
+	$(PY) -m course.site $(EDITION)
+	COURSE_SOLUTIONS=1 COURSE_SHOW=$(if $(SOLUTIONS),solutions,stubs) $(VENV)/bin/jupyter-book build . \
+		--config _build/config-$(EDITION).yml --toc _build/toc.yml $(if $(SOLUTIONS),--path-output _build/instructors) \
 		-W --keep-going -q
-	@echo "site: open _build/html/index.html"
+	$(if $(SOLUTIONS),ln -sfn instructors/_build/html _build/html-instructors)
+	@echo "site: open _build/html$(if $(SOLUTIONS),-instructors)/index.html"
 
 # make grade            -> every exercise;  make grade WEEK=33 -> one week
 grade: $(STAMP)
@@ -42,6 +47,22 @@ grade: $(STAMP)
 # Run every notebook top to bottom against the reference solutions.
 solutions: $(STAMP)
 	COURSE_SOLUTIONS=1 $(PYTEST) --nbval-lax notebooks
+
+# The notebooks run top to bottom by nbval against the exercise files in course/exercises/, and a table of every
+# grading cell's result.  make grade-notebooks WEEK=33 -> one week
+grade-notebooks: $(STAMP)
+	$(PY) -m course grade-notebooks --jobs 2 $(if $(WEEK),--week $(WEEK))
+
+# The learner's edition (no solutions/, tests/, tools/, notes/; notebooks without outputs; a README and Makefile for
+# learners): make release DEST=folder, or make release BRANCH=student (a commit on that branch, built from HEAD;
+# the working tree and main are left alone).
+release: $(STAMP)
+	$(PY) -m course release $(DEST) $(if $(BRANCH),--branch $(BRANCH))
+
+# Every week's notebooks in a fresh learner's edition: with the stubs only "not implemented yet" fails; with the
+# reference solutions copied over the exercise files every cell passes. (make test does week 33 only.)
+release-check: $(STAMP)
+	COURSE_RELEASE_WEEKS=all $(PY) -m pytest -q -n 2 tests/test_release.py
 
 # On a GPU: every week's benchmark; results land in course/results/.
 bench: $(STAMP)

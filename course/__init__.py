@@ -42,12 +42,71 @@ def check(exercise_id: str, fn, **kwargs):
 
 def show_source(obj) -> None:
     """Print the source of a course kernel, CUDA string or function, so notebooks show the code
-    that actually runs instead of a copy of it."""
-    from .stubs import source_of
+    that actually runs instead of a copy of it. With COURSE_SHOW=stubs (the learner's edition of the
+    site, built with the solutions) an object of an exercise module is shown as its stub instead:
+    the same-named definition in course/exercises/, with its `YOUR CODE HERE` lines."""
     from IPython.display import Code, display
-    text = source_of(obj)
-    language = "cuda" if isinstance(obj, str) else "python"
-    display(Code(text, language="cpp" if language == "cuda" else "python"))
+    from .stubs import source_of
+    found = _exercise_name(obj)
+    if found and os.environ.get("COURSE_SHOW") == "stubs":
+        text = _stub_source(*found)
+    elif found and _yours(obj):  # a demo's unsolved exercise (course.kernels): the learner's own code
+        text = source_of(getattr(importlib.import_module(f"course.exercises.{found[0]}"), found[1]))
+    else:
+        text = None
+    text = text if text is not None else source_of(obj)
+    display(Code(text, language="cpp" if isinstance(obj, str) else "python"))
+
+
+_EXERCISE_MODULE = r"^(?:course\.exercises|solutions)\.(w\d\d_\w+)$"
+
+
+def _yours(obj) -> bool:
+    return getattr(obj, "__qualname__", "") == "_Yours.__getattr__.<locals>.unsolved"
+
+
+def _exercise_name(obj) -> tuple[str, str] | None:
+    """(week, name) of `obj` in an exercise module (course.exercises.wNN_topic or solutions.wNN_topic), else None."""
+    import inspect
+    import re
+    from . import registry
+    if _yours(obj):  # course.kernels(week).name while `name` is unsolved: the stand-in that raises
+        names = inspect.getclosurevars(obj).nonlocals
+        return registry.week_of(names["exercise_id"]), names["name"]
+    inner = obj
+    while hasattr(inner, "fn"):  # triton's JITFunction / Autotuner wrap the Python function in .fn
+        inner = inner.fn
+    candidates = [(m, module) for m, module in list(sys.modules.items()) if re.match(_EXERCISE_MODULE, m)]
+    own = getattr(inner, "__module__", None)
+    for module_name, module in sorted(candidates, key=lambda c: c[0] != own):
+        names = [k for k, v in vars(module).items() if v is obj]
+        if names:
+            name = getattr(inner, "__name__", None)
+            return re.match(_EXERCISE_MODULE, module_name)[1], name if name in names else names[0]
+    return None
+
+
+def _stub_source(week: str, name: str) -> str | None:
+    """The definition of `name` in course/exercises/<week>.py as show_source would print it, or None."""
+    import ast
+    from .stubs import stub_path
+    text = stub_path(week).read_text()
+    lines = text.splitlines(keepends=True)
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            start, end = min([node.lineno] + [d.lineno for d in node.decorator_list]), node.end_lineno
+            while end < len(lines) and (not lines[end].strip() or lines[end].startswith((" ", "\t"))):
+                end += 1  # the body's last lines may be comments: `    # YOUR CODE HERE`
+            return "".join(lines[start - 1:end]).rstrip() + "\n"
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError):
+                value = None
+            return value if isinstance(value, str) else "".join(lines[node.lineno - 1:node.end_lineno])
+    return None
 
 
 __all__ = ["DEVICE", "ON_GPU", "banner", "backend", "bench", "roofline", "check", "kernels", "show_source",

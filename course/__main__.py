@@ -1,4 +1,5 @@
-"""Command line: python -m course {doctor, grade, gradebook, mutants, sweep, bench, stubs}. See README.md."""
+"""Command line: python -m course {doctor, grade, grade-notebooks, gradebook, mutants, sweep, bench, stubs, release}.
+See README.md."""
 import argparse
 import sys
 import time
@@ -55,7 +56,7 @@ def cmd_mutants(args) -> int:
         solutions = registry.kernels(week)
         for exercise_id in [e for e in registry.week_tasks(week) if e in selected and mine()]:
             try:
-                report = check(exercise_id, getattr(solutions, exercise_id.split(".")[1]))
+                report = check(exercise_id, getattr(solutions, registry.task(exercise_id).entry))
                 status = "accepted" if report.ran else "not run: needs a GPU"
             except GradingError as err:
                 status, bad = f"REJECTED: {str(err).splitlines()[0]}", bad + 1
@@ -136,6 +137,16 @@ def cmd_stubs(_args) -> int:
     return 0
 
 
+def cmd_grade_notebooks(args) -> int:
+    from . import nbgrade
+    return nbgrade.main(args.notebooks or nbgrade.ROOT / "notebooks", args.week, args.jobs)
+
+
+def cmd_release(args) -> int:
+    from . import release
+    return release.main(args.dest, args.branch)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m course", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,12 +175,20 @@ def main(argv=None) -> int:
     p.add_argument("selector", nargs="?", default="all")
     p.add_argument("--csv", help="where to write the results (default: course/results/<week>.csv on an H200, <week>.<gpu>.csv elsewhere)")
     sub.add_parser("stubs", help="regenerate course/exercises/ from solutions/ (overwrites your work!)")
+    p = sub.add_parser("grade-notebooks", help="run the notebooks with nbval against your exercise files: a table")
+    p.add_argument("--week", help="one week: 33 or w33 (default: every week)")
+    p.add_argument("--jobs", "-j", type=int, default=1, help="notebooks run at once (default: 1)")
+    p.add_argument("--notebooks", metavar="DIR", help="run the notebooks in DIR instead of notebooks/")
+    p = sub.add_parser("release", help="write the learner's edition (no solutions) to DEST and/or a git branch")
+    p.add_argument("dest", nargs="?", metavar="DEST", help="a new or empty folder (or an earlier release)")
+    p.add_argument("--branch", help="add the edition of HEAD as a commit on this branch (e.g. student)")
     args = parser.parse_args(argv)
     if args.command == "doctor":
         from .backend import doctor
         return doctor()
     commands = {"grade": cmd_grade, "gradebook": cmd_gradebook, "mutants": cmd_mutants, "sweep": cmd_sweep,
-                "bench": cmd_bench, "stubs": cmd_stubs}
+                "bench": cmd_bench, "stubs": cmd_stubs, "grade-notebooks": cmd_grade_notebooks,
+                "release": cmd_release}
     return commands[args.command](args)
 
 

@@ -2,16 +2,23 @@
 browser (headless Chromium): no console errors, math rendered, images loaded, "next" links followed,
 nothing fetched from outside the site. Screenshots land in _build/screenshots/ for a human to look at."""
 import functools
+import html
 import http.server
+import importlib
+import inspect
+import re
 import shutil
 import threading
 from pathlib import Path
 
 import pytest
 
+import course
 from course import site
 
 HTML = site.BUILD / "html"
+HTML_INSTRUCTORS = site.BUILD / "html-instructors"  # make site SOLUTIONS=1
+EXERCISE_PAGE = "notebooks/w33_softmax/d4_triton_softmax.html"  # shows softmax_kernel, the exercise w33.triton_softmax
 SHOTS = site.BUILD / "screenshots"
 DAY_PAGE = "notebooks/w33_softmax/d1_softmax_math.html"
 RAW_TEX = ("$$", "\\frac", "\\sum", "\\begin{", "\\(", "\\[")
@@ -147,3 +154,43 @@ def test_on_a_phone_the_menu_opens_and_leads_to_another_day(browser_page):
         assert page.problems == [], page.problems
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def _shown(obj, monkeypatch, show: str | None) -> str:
+    shown = []
+    monkeypatch.setattr("IPython.display.display", shown.append)
+    if show:
+        monkeypatch.setenv("COURSE_SHOW", show)
+    else:
+        monkeypatch.delenv("COURSE_SHOW", raising=False)
+    course.show_source(obj)
+    return shown[0].data
+
+
+def test_show_source_shows_the_stub_in_the_learners_edition_and_the_reference_otherwise(monkeypatch):
+    solved = importlib.import_module("solutions.w33_softmax")
+    for obj in (solved.stable_softmax, solved.BLOCK_SOFTMAX_SRC, solved.softmax_kernel):
+        reference, stub = _shown(obj, monkeypatch, None), _shown(obj, monkeypatch, "stubs")
+        assert "BEGIN SOLUTION" in reference and "YOUR CODE HERE" not in reference
+        assert "YOUR CODE HERE" in stub and "BEGIN SOLUTION" not in stub
+        assert stub.strip().splitlines()[0] == reference.strip().splitlines()[0], "the same definition"
+    helper = solved._row_warps  # no exercise in it: the stub's text is the reference's
+    assert _shown(helper, monkeypatch, "stubs").strip() == _shown(helper, monkeypatch, None).strip()
+    from course.cuda import occupancy  # not in an exercise module: shown as it is
+    assert _shown(occupancy, monkeypatch, "stubs") == inspect.getsource(occupancy)
+
+
+def test_the_learners_site_shows_the_stub_where_a_lesson_shows_an_exercise(browser_page):
+    page = browser_page
+    _open(page, EXERCISE_PAGE, "w33_d4.png")
+    outputs = "\n".join(page.locator("article .cell_output").all_inner_texts())
+    assert "def softmax_kernel" in outputs and "YOUR CODE HERE" in outputs, "the stub is not shown"
+    assert "BEGIN SOLUTION" not in page.inner_text("article"), "the learner's site shows a solution"
+
+
+def test_the_instructors_site_shows_the_reference_solution():
+    page = HTML_INSTRUCTORS / EXERCISE_PAGE
+    if not page.exists():
+        pytest.skip("the instructors' edition is not built: `make site SOLUTIONS=1`")
+    text = html.unescape(re.sub(r"<[^>]+>", "", page.read_text()))
+    assert "def softmax_kernel" in text and "BEGIN SOLUTION" in text
