@@ -1,5 +1,6 @@
 """Where the weeks and their graded tasks are listed. Owns: selector parsing ("w33", "w33.x", "all"), and the one
 way into the course's kernels (`kernels`) for benchmarks, demos and notebooks."""
+import functools
 import importlib
 import importlib.util
 from pathlib import Path
@@ -55,19 +56,49 @@ def kernels(week: str):
 
 
 class _Yours:
-    """The learner's exercise module, as a demo sees it: an exercise whose code is still a stub raises."""
+    """The learner's exercise module, as a demo sees it: a function whose code is, or reaches, a part still left to
+    write raises a one-line NotImplementedYet naming the exercise to solve first (instead of running a stub and
+    failing later with garbage)."""
 
     def __init__(self, module, week: str):
         self._module, self._week = module, week
 
     def __getattr__(self, name: str):
-        from .stubs import unfinished
         from .submission import NotImplementedYet
         value = getattr(self._module, name)
-        for exercise_id, task in week_tasks(self._week).items():
-            regions = [getattr(self._module, r) for r in task.regions if hasattr(self._module, r)]
-            if task.entry == name and any(unfinished(r) for r in regions):
+        todo = self._unsolved()
+        reached = {name} | _names_reached(self._module, name)
+        for exercise_id, regions in todo.items():
+            if reached & regions:
+                @functools.wraps(value)  # its source and name stay the learner's (show_source, inspect)
                 def unsolved(*args, **kwargs):
                     raise NotImplementedYet(f"this cell runs your `{name}`: solve {exercise_id} first")
                 return unsolved
         return value
+
+    def _unsolved(self) -> dict:
+        """{exercise id: names of its parts} for the exercises of the week whose code holds the stub marker."""
+        from .stubs import unfinished
+        todo = {}
+        for exercise_id, task in week_tasks(self._week).items():
+            parts = {r for r in task.regions if hasattr(self._module, r)}
+            if any(unfinished(getattr(self._module, r)) for r in parts):
+                todo[exercise_id] = parts | {task.entry}
+        return todo
+
+
+def _names_reached(module, name: str, seen: set | None = None) -> set:
+    """The module-level names that `name`'s code uses, and theirs in turn (a launcher reaches its kernels)."""
+    seen = set() if seen is None else seen
+    value = getattr(module, name, None)
+    if isinstance(value, type):  # a class (an autograd.Function): what its methods use
+        functions = [getattr(f, "__func__", f) for f in vars(value).values()]
+    else:
+        functions = [getattr(getattr(value, "fn", value), "__wrapped__", getattr(value, "fn", value))]  # Triton, wraps
+    codes = [f.__code__ for f in functions if hasattr(f, "__code__")]
+    codes += [c for code in codes for c in code.co_consts if hasattr(c, "co_names")]  # nested functions, lambdas
+    for used in {n for code in codes for n in code.co_names}:
+        if used not in seen and hasattr(module, used):
+            seen.add(used)
+            _names_reached(module, used, seen)
+    return seen
