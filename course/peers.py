@@ -114,7 +114,8 @@ def norms_backward(x, w, b, dy) -> dict:
         entries["quack rmsnorm backward"] = ("rmsnorm_backward", rmsnorm)
     for peer, course, forward in (
             ("liger layernorm backward", "layernorm_backward", _from(
-                "liger_kernel.ops.layer_norm", lambda m: lambda x, w, b: m.LigerLayerNormFunction.apply(x, w, b, 1e-5))),
+                "liger_kernel.ops.layer_norm",
+                lambda m: lambda x, w, b: m.LigerLayerNormFunction.apply(x, w, b, 1e-5))),
             ("liger rmsnorm backward", "rmsnorm_backward", _from(
                 "liger_kernel.ops.rms_norm",
                 lambda m: lambda x, w, b: m.LigerRMSNormFunction.apply(x, w, 1e-5, 0.0, "llama", False))),
