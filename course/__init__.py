@@ -8,6 +8,7 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from . import backend, bench, roofline  # noqa: F401 - notebooks use course.bench, course.roofline
@@ -16,6 +17,10 @@ from .registry import kernels  # the one way to the course's kernels: solutions/
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTIONS_MODE = os.environ.get("COURSE_SOLUTIONS") == "1"
+
+# The lessons look rows up by label in small unsorted tables of recorded results; pandas' note that such lookups
+# are slower on huge tables is noise there (and stderr fails the site build).
+warnings.filterwarnings("ignore", message="indexing past lexsort depth")
 
 
 class _SolutionsFinder(importlib.abc.MetaPathFinder):
