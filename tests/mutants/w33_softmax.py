@@ -152,7 +152,7 @@ VARIANTS = [
             "        ### BEGIN SOLUTION\n"
             "        l += tl.sum(tl.exp(x - m[:, None]), axis=1)\n"),
     Variant("w33.online_softmax", "blocks of 64 columns, one warp",
-            "block = block or min(max(16, triton.next_power_of_2(n_cols)), 8192)", "block = block or 64"),
+            "block = block or min(row_block(n_cols), 8192)", "block = block or 64"),
     Variant("w33.log_softmax", "float64 arithmetic in the kernel, cast at the store",
             "    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=-float(\"inf\")).to(tl.float32)\n"
             "    shifted",
