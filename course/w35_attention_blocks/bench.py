@@ -190,6 +190,17 @@ def _checked(fn, want) -> dict:
     return {"ms": ms, "max_abs_error": error, "note": why}
 
 
+def _tile_rows(s, setting: str, tiles, call, want, flops: float, peer_ms: float, n: int, d: int) -> list:
+    """One row per tile: call() checked against want and timed with the module's `setting` set to the tile."""
+    rows = []
+    for tile in tiles:
+        with _setting(s, setting, tile):
+            row = _checked(call, want)
+        rows.append({"N": n, "d": d, "tile": tile, "current": tile == getattr(s, setting), **row,
+                     "TFLOP/s": flops / row["ms"] / 1e9, "vs_torch": peer_ms / row["ms"]})
+    return rows
+
+
 def tune_qk(sizes=TUNE_SIZES, tiles=QK_TILES, dtype="bfloat16") -> pd.DataFrame:
     """qk_scores at each tile (BLOCK_M, BLOCK_N, TILES, STAGES, num_warps) against torch.matmul timed on the
     same inputs: TFLOP/s and `vs_torch`; `current` marks QK_TILE."""
@@ -203,11 +214,7 @@ def tune_qk(sizes=TUNE_SIZES, tiles=QK_TILES, dtype="bfloat16") -> pd.DataFrame:
         want = torch.matmul(q, k.transpose(-1, -2)).float()
         flops = ref.qk_cost(B * H, n, n, d, q.element_size())["flops"]
         peer = bench.gpu_ms(lambda: torch.matmul(q, k.transpose(-1, -2), out=out))
-        for tile in tiles:
-            with _setting(s, "QK_TILE", tile):
-                row = _checked(lambda: s.qk_scores(q, k, out=out), want)
-            rows.append({"N": n, "d": d, "tile": tile, "current": tile == s.QK_TILE, **row,
-                         "TFLOP/s": flops / row["ms"] / 1e9, "vs_torch": peer / row["ms"]})
+        rows += _tile_rows(s, "QK_TILE", tiles, lambda: s.qk_scores(q, k, out=out), want, flops, peer, n, d)
         del q, k, out, want
         torch.cuda.empty_cache()
     return pd.DataFrame(rows).round({"ms": 4, "TFLOP/s": 1, "vs_torch": 3})
@@ -227,11 +234,7 @@ def tune_pv(sizes=TUNE_SIZES, tiles=PV_TILES, dtype="bfloat16") -> pd.DataFrame:
         want = torch.matmul(p.float(), v.float())
         flops = pv_cost(B * H, n, n, d, v.element_size())["flops"]
         peer = bench.gpu_ms(lambda: torch.matmul(p, v, out=out))
-        for tile in tiles:
-            with _setting(s, "PV_TILE", tile):
-                row = _checked(lambda: s.pv(p, v, out=out), want)
-            rows.append({"N": n, "d": d, "tile": tile, "current": tile == s.PV_TILE, **row,
-                         "TFLOP/s": flops / row["ms"] / 1e9, "vs_torch": peer / row["ms"]})
+        rows += _tile_rows(s, "PV_TILE", tiles, lambda: s.pv(p, v, out=out), want, flops, peer, n, d)
         del p, v, out, want
         torch.cuda.empty_cache()
     return pd.DataFrame(rows).round({"ms": 4, "TFLOP/s": 1, "vs_torch": 3})
