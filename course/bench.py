@@ -108,20 +108,24 @@ def call_ms(fn, min_s: float = 0.1) -> float:
     import torch
     fn()
     torch.cuda.synchronize()
-    calls, elapsed = 8, 0.0
-    while elapsed < min_s and calls <= 1 << 20:
-        calls *= 4
+    calls, elapsed = 1, 0.0
+    while True:  # 1, 4, 16, ... calls until they take min_s: a 100 ms kernel is called twice, not 32 times
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
-    return 1e3 * elapsed / calls
+        if elapsed >= min_s or calls >= 1 << 20:
+            return 1e3 * elapsed / calls
+        calls *= 4
 
 
-def host_us(fn, calls: int = 200) -> float:
-    """The host's own work per call in µs: calls queued behind a long GPU sleep, so no call waits for the GPU."""
+def host_us(fn, calls: int = 200, gpu_ms: float = 0.0) -> float:
+    """The host's own work per call in µs: calls queued behind a long GPU sleep, so no call waits for the GPU. With
+    each call's GPU time (gpu_ms), fewer calls (ten at least) keep the queued work near 200 ms."""
     import torch
+    if gpu_ms > 0:
+        calls = max(10, min(calls, int(200 / gpu_ms)))
     fn()
     torch.cuda.synchronize()
     torch.cuda._sleep(int(1e8))  # about 50 ms of GPU clock cycles: longer than queueing the calls
@@ -140,7 +144,7 @@ def timed(fn) -> dict:
     row, notes = {}, []
     for key, measure in (("ms", kernel_ms), ("call_ms", call_ms), ("host_us", host_us)):
         try:
-            row[key] = measure(fn)
+            row[key] = measure(fn, gpu_ms=row["call_ms"]) if key == "host_us" and row["call_ms"] > 0 else measure(fn)
         except Exception as exc:  # noqa: BLE001 - out of memory, a peer's failure, a launch a graph cannot capture
             row[key] = math.nan
             notes.append(f"{key}: {reason(exc)}")
