@@ -127,7 +127,7 @@ def cmd_gradebook(args) -> int:
 
 def cmd_bench(args) -> int:
     from . import bench
-    return bench.main(args.selector, args.csv)
+    return bench.main(args.selector, args.csv, args.resume)
 
 
 def cmd_stubs(_args) -> int:
@@ -174,6 +174,8 @@ def main(argv=None) -> int:
     p = sub.add_parser("bench", help="benchmark the solution kernels against their peers (GPU)")
     p.add_argument("selector", nargs="?", default="all")
     p.add_argument("--csv", help="where to write the results (default: course/results/<week>.csv on an H200, <week>.<gpu>.csv elsewhere)")
+    p.add_argument("--resume", action="store_true",
+                   help="finish a run that stopped: keep the parts its .partial.jsonl finished, run the rest")
     sub.add_parser("stubs", help="regenerate course/exercises/ from solutions/ (overwrites your work!)")
     p = sub.add_parser("grade-notebooks", help="run the notebooks with nbval against your exercise files: a table")
     p.add_argument("--week", help="one week: 33 or w33 (default: every week)")

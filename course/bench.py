@@ -299,7 +299,30 @@ def recorded(week: str, gpu: str = REFERENCE_GPU):
     return pd.read_csv(results_path(week, gpu))
 
 
-def main(selector: str, csv: str | None) -> int:
+def resumed(partial: Path, parts: tuple) -> tuple[list, tuple]:
+    """(rows, parts to run) to finish a benchmark that stopped: the rows `partial` holds of every part but the last
+    one it reached (which may have stopped midway, so it runs again), and the parts not finished, in order."""
+    rows = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()] if partial.exists() else []
+    reached = [p for p in parts if any(r.get("part") == p for r in rows)]
+    finished = set(reached[:-1])
+    return [r for r in rows if r.get("part") in finished], tuple(p for p in parts if p not in finished)
+
+
+def _run_week(week: str, resume: bool):
+    """`week`'s benchmark table; with resume, the parts Rows.PARTIAL finished are kept and only the rest run."""
+    module = importlib.import_module(f"course.{week}.bench")
+    if not resume:
+        Rows.PARTIAL.unlink(missing_ok=True)
+        return module.run()
+    if not hasattr(module, "PARTS"):
+        raise SystemExit(f"{week}'s benchmark has no parts to resume: run it whole (without --resume)")
+    kept, todo = resumed(Rows.PARTIAL, module.PARTS)
+    print(f"{week}: resuming from {Rows.PARTIAL}: keeping {len(kept)} rows, running {', '.join(todo) or 'nothing'}")
+    Rows.PARTIAL.write_text("".join(json.dumps(r, default=str) + "\n" for r in kept))
+    return module.run(parts=todo, rows=Rows(kept))
+
+
+def main(selector: str, csv: str | None, resume: bool = False) -> int:
     weeks = sorted({registry.week_of(e) for e in registry.select(selector)})
     if not backend.ON_GPU:
         print("No GPU here: benchmarks need one. Recorded results the course ships:")
@@ -314,10 +337,9 @@ def main(selector: str, csv: str | None) -> int:
     for week in weeks:
         path = Path(csv) if csv else results_path(week, gpu_slug(backend.gpu_name()))
         Rows.PARTIAL = path.with_suffix(".partial.jsonl")
-        Rows.PARTIAL.unlink(missing_ok=True)
         stamp = provenance()
         try:
-            table = importlib.import_module(f"course.{week}.bench").run()
+            table = _run_week(week, resume)
         except Exception as exc:  # noqa: BLE001 - the rows measured so far are kept in the partial file
             failed += 1
             print(f"{week}: the benchmark stopped ({type(exc).__name__}: {exc}); the rows it measured are in "

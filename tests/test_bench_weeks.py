@@ -3,6 +3,7 @@
 run out of memory or fail, and a fake free memory under which the largest sizes and peers do not fit. Every run must
 go on past each failure, record the reason in `note`, write each row as it is measured, and keep the columns its
 notebooks read from the recorded CSV."""
+import json
 import math
 import types
 
@@ -147,6 +148,28 @@ def test_w35_a_part_that_stops_keeps_its_rows_and_the_next_part_runs(cpu_bench, 
     assert table.iloc[0]["ms"] == 1.0 and table.iloc[1]["note"] == "the part stopped: out of memory"
     assert table[table.part == "softmax"]["ms"].eq(MS).all()
     assert len(cpu_bench.read_text().splitlines()) == len(table)
+
+
+def test_resume_keeps_the_finished_parts_and_runs_the_part_that_stopped_again(cpu_bench, monkeypatch):
+    measured = {"kernel": "torch.matmul", "peer": "torch.matmul", "mask": "none", "N": 1, "d": 1, "ms": 1.0,
+                "call_ms": 1.0, "note": ""}
+    cpu_bench.write_text("".join(json.dumps({"part": p, **measured}) + "\n" for p in ("qk", "qk", "softmax")))
+    monkeypatch.setattr(w35, "PARTS", ("qk", "softmax"))
+    monkeypatch.setattr(w35, "qk_rows", broken("a finished part ran again"))
+    monkeypatch.setattr(w35, "SOFTMAX_SIZES", (64,))
+    use_kernels(monkeypatch, w35_attention_blocks={"scale_mask_softmax": softmax,
+                                                   "cuda_scale_mask_softmax": softmax})
+    table = bench._run_week("w35_attention_blocks", resume=True)
+    assert list(table.part) == ["qk", "qk"] + ["softmax"] * 8  # softmax's one stopped row measured again
+    assert table[table.part == "softmax"]["ms"].eq(MS).all()
+    assert len(cpu_bench.read_text().splitlines()) == len(table)  # a second stop would keep all of them
+    kept, todo = bench.resumed(cpu_bench, ("qk", "softmax"))  # softmax reached last: it may not be finished
+    assert [r["part"] for r in kept] == ["qk", "qk"] and todo == ("softmax",)
+
+
+def test_resume_of_a_benchmark_without_parts_says_to_run_it_whole(cpu_bench):
+    with pytest.raises(SystemExit, match="no parts to resume"):
+        bench._run_week("w33_softmax", resume=True)
 
 
 def test_w36_goes_on_past_failing_peers_and_records_memory_that_does_not_fit(cpu_bench, monkeypatch):

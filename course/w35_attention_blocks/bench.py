@@ -134,12 +134,12 @@ def attention_rows(s, rows=None):
 PARTS = ("qk", "softmax", "attention")
 
 
-def run(parts=PARTS) -> pd.DataFrame:
+def run(parts=PARTS, rows=None) -> pd.DataFrame:
     from ..registry import kernels
     s = kernels("w35_attention_blocks")
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
     rows = bench.run_parts({p: lambda rows, p=p: globals()[f"{p}_rows"](s, rows) for p in parts},
-                           desc="w35 attention blocks")
+                           desc="w35 attention blocks", rows=rows)
     table = pd.DataFrame(rows)
     table.insert(0, "dtype", "bfloat16")
     table.insert(1, "B", B)

@@ -170,12 +170,12 @@ def memory_rows(s35, rows=None):
 PARTS = ("stage", "pipeline", "short", "memory")
 
 
-def run(parts=PARTS) -> pd.DataFrame:
+def run(parts=PARTS, rows=None) -> pd.DataFrame:
     from ..registry import kernels
     s35 = kernels("w35_attention_blocks")
     copy, matmul = bench.copy_ceiling_gbps(), bench.matmul_ceiling_tflops()
     rows = bench.run_parts({p: lambda rows, p=p: globals()[f"{p}_rows"](s35, rows) for p in parts},
-                           desc="w36 standard attention")
+                           desc="w36 standard attention", rows=rows)
     table = pd.DataFrame(rows)
     table.insert(0, "dtype", "bfloat16")
     table.insert(1, "B", [1 if p == "memory" else B for p in table.part])

@@ -143,12 +143,12 @@ def memory_rows(s37, rows=None):
 PARTS = ("forward", "fp32", "memory")
 
 
-def run(parts=PARTS) -> pd.DataFrame:
+def run(parts=PARTS, rows=None) -> pd.DataFrame:
     from ..registry import kernels
     s37 = kernels("w37_flash_attention_core")
     matmul = bench.matmul_ceiling_tflops()
     rows = bench.run_parts({p: lambda rows, p=p: globals()[f"{p}_rows"](s37, rows) for p in parts},
-                           desc="w37 FlashAttention")
+                           desc="w37 FlashAttention", rows=rows)
     table = pd.DataFrame(rows)
     table.insert(0, "dtype", table.pop("dtype").fillna("bfloat16") if "dtype" in table else "bfloat16")
     for column in ("peer", "mask", "N", "d", "ms", "call_ms", "TFLOP/s", "peak_MB", "model_MB"):

@@ -295,12 +295,12 @@ def train_rows(s38, rows=None):
 PARTS = ("backward", "fa2_steps", "gqa", "varlen", "decode", "tensor_cores", "train")
 
 
-def run(parts=PARTS) -> pd.DataFrame:
+def run(parts=PARTS, rows=None) -> pd.DataFrame:
     from ..registry import kernels
     s38 = kernels("w38_flash_attention_impl")
     matmul, copy = bench.matmul_ceiling_tflops(), bench.copy_ceiling_gbps()
     rows = bench.run_parts({p: lambda rows, p=p: globals()[f"{p}_rows"](s38, rows) for p in parts},
-                           desc="w38 FlashAttention implementation")
+                           desc="w38 FlashAttention implementation", rows=rows)
     table = pd.DataFrame(rows)
     table.insert(0, "dtype", "bfloat16")
     for column in ("peer", "pass", "mask", "B", "Hkv", "N", "d", "ms", "call_ms", "kernel_ms", "TFLOP/s", "GB/s",
