@@ -96,10 +96,26 @@ def kernel_ms(fn, rep_ms: float = 100) -> float:
         for _ in range(3):
             fn()
     torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return gpu_ms(graph.replay, rep_ms=rep_ms)
+    return gpu_ms(_captured(fn).replay, rep_ms=rep_ms)
+
+
+def _captured(fn, tries: int = 2, mode: str = "global"):
+    """fn() captured in a CUDA graph. A capture can fail once where the next succeeds (seen: the first autograd
+    backward captured in a process); a failed capture leaves the CUDA random generator in capture mode, and every
+    later torch.randn would raise "Offset increment outside graph capture", so its state is put back first."""
+    import torch
+    generator = torch.cuda.default_generators[torch.cuda.current_device()]
+    for attempt in range(1, tries + 1):
+        state = generator.clone_state()  # a fresh copy each time: the capture marks the state it finds as capturing
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, capture_error_mode=mode):
+                fn()
+            return graph
+        except Exception:
+            generator.graphsafe_set_state(state)
+            if attempt == tries:
+                raise
 
 
 def call_ms(fn, min_s: float = 0.1) -> float:
