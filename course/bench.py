@@ -317,10 +317,12 @@ def recorded(week: str, gpu: str = REFERENCE_GPU):
 
 def resumed(partial: Path, parts: tuple) -> tuple[list, tuple]:
     """(rows, parts to run) to finish a benchmark that stopped: the rows `partial` holds of every part but the last
-    one it reached (which may have stopped midway, so it runs again), and the parts not finished, in order."""
+    one it reached (which may have stopped midway, so it runs again) and those that stopped, and the parts not
+    finished, in order."""
     rows = [json.loads(line) for line in partial.read_text().splitlines() if line.strip()] if partial.exists() else []
     reached = [p for p in parts if any(r.get("part") == p for r in rows)]
-    finished = set(reached[:-1])
+    stopped = {r.get("part") for r in rows if r.get("kernel") == "all"}  # run_parts' row for a part that stopped
+    finished = set(reached[:-1]) - stopped
     return [r for r in rows if r.get("part") in finished], tuple(p for p in parts if p not in finished)
 
 

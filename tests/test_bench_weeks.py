@@ -165,6 +165,10 @@ def test_resume_keeps_the_finished_parts_and_runs_the_part_that_stopped_again(cp
     assert len(cpu_bench.read_text().splitlines()) == len(table)  # a second stop would keep all of them
     kept, todo = bench.resumed(cpu_bench, ("qk", "softmax"))  # softmax reached last: it may not be finished
     assert [r["part"] for r in kept] == ["qk", "qk"] and todo == ("softmax",)
+    cpu_bench.write_text(cpu_bench.read_text().replace('"part": "softmax"', '"part": "attention"', 1)
+                         + json.dumps({"part": "qk", "kernel": "all", "note": "the part stopped: out of memory"}) + "\n")
+    kept, todo = bench.resumed(cpu_bench, ("qk", "attention", "softmax"))  # a part that stopped runs again
+    assert [r["part"] for r in kept] == ["attention"] and todo == ("qk", "softmax")
 
 
 def test_resume_of_a_benchmark_without_parts_says_to_run_it_whole(cpu_bench):
