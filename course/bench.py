@@ -310,9 +310,22 @@ def results_path(week: str, gpu: str = REFERENCE_GPU) -> Path:
 
 
 def recorded(week: str, gpu: str = REFERENCE_GPU):
-    """The GPU results the course ships for `week` on `gpu` ("h200", "h100"), as a pandas DataFrame."""
+    """The GPU results the course ships for `week` on `gpu` ("h200", "h100"), as a pandas DataFrame. A part that
+    stopped in that recording (its row "kernel": "all" says why) is taken from another GPU's recording that has it;
+    every row names its device, so a lesson labels each measurement with the GPU it comes from."""
     import pandas as pd
-    return pd.read_csv(results_path(week, gpu))
+    table = pd.read_csv(results_path(week, gpu))
+    if "part" not in table:
+        return table
+    stopped = set(table.loc[table["kernel"] == "all", "part"])
+    for other in sorted(set(RESULTS.glob(f"{week}*.csv")) - {results_path(week, gpu)}):
+        if not stopped:
+            break
+        rows = pd.read_csv(other)
+        found = rows[rows["part"].isin(stopped) & (rows["kernel"] != "all")]
+        table = pd.concat([table[~table["part"].isin(set(found["part"]))], found], ignore_index=True)
+        stopped -= set(found["part"])
+    return table
 
 
 def resumed(partial: Path, parts: tuple) -> tuple[list, tuple]:

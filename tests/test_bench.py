@@ -58,3 +58,14 @@ def test_a_peer_that_cannot_be_imported_is_a_row_with_its_reason():
         assert "no_such_library_here not usable here: ModuleNotFoundError" in str(exc)
     else:
         raise AssertionError("an unusable peer must raise with its reason")
+
+
+def test_a_part_that_stopped_on_the_reference_gpu_is_read_from_another_gpus_recording(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "RESULTS", tmp_path)
+    pd.DataFrame([{"part": "a", "kernel": "k", "ms": 1.0, "device": "H200"},
+                  {"part": "b", "kernel": "all", "ms": math.nan, "device": "H200"}]).to_csv(tmp_path / "wk.csv")
+    pd.DataFrame([{"part": "a", "kernel": "k", "ms": 3.0, "device": "H100"},
+                  {"part": "b", "kernel": "k", "ms": 2.0, "device": "H100"}]).to_csv(tmp_path / "wk.h100.csv")
+    table = bench.recorded("wk")
+    assert list(zip(table.part, table.ms, table.device)) == [("a", 1.0, "H200"), ("b", 2.0, "H100")]
+    assert list(bench.recorded("wk", "h100").device) == ["H100", "H100"]  # nothing stopped there: its own rows
