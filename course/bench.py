@@ -86,10 +86,25 @@ def attempt_ms(fn) -> tuple[float, str]:
         return float("nan"), reason(exc)
 
 
+def copier(src, dst):
+    """The copy yardstick of the `copy` rows and of the copy ceiling: a callable doing dst.copy_(src). Its kernel-alone
+    time is eager events, never a graph replay: a device-to-device copy captured in a CUDA graph takes another path
+    in the driver, which ran at 0.64 of the eager copy's bandwidth for copies of 0.5 to 2 GB on an H200
+    (course/results, 2026-11-25; the PyTorch bug report "[CUDA Graph] Size-specific ~2.1x slowdown for contiguous CUDA
+    Tensor.copy_ on GB200" describes the same divergence)."""
+    def copy():
+        return dst.copy_(src)
+    copy.graph = False
+    return copy
+
+
 def kernel_ms(fn, rep_ms: float = 100) -> float:
     """The kernel alone: fn() captured once in a CUDA graph and the graph replayed (gpu_ms: L2 flushed before each
-    replay, events around it), so the host's per-call work (Python, argument checks, the launch) is not counted."""
+    replay, events around it), so the host's per-call work (Python, argument checks, the launch) is not counted.
+    A callable marked `graph = False` (the copy yardstick, `copier`) is timed by eager events instead."""
     import torch
+    if not getattr(fn, "graph", True):
+        return gpu_ms(fn, rep_ms=rep_ms)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture: compilation, autotuning, first allocations
@@ -241,7 +256,7 @@ def copy_ceiling_gbps(nbytes: int = 1 << 30) -> float:
     import torch
     src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
-    return 2 * nbytes / gpu_ms(lambda: dst.copy_(src)) / 1e6
+    return 2 * nbytes / gpu_ms(copier(src, dst)) / 1e6
 
 
 def matmul_ceiling_tflops(n: int = 8192) -> float:
@@ -314,17 +329,29 @@ def recorded(week: str, gpu: str = REFERENCE_GPU):
     stopped in that recording (its row "kernel": "all" says why) is taken from another GPU's recording that has it;
     every row names its device, so a lesson labels each measurement with the GPU it comes from."""
     import pandas as pd
-    table = pd.read_csv(results_path(week, gpu))
+    table = _whole_shapes(pd.read_csv(results_path(week, gpu)))
     if "part" not in table:
         return table
     stopped = set(table.loc[table["kernel"] == "all", "part"])
     for other in sorted(set(RESULTS.glob(f"{week}*.csv")) - {results_path(week, gpu)}):
         if not stopped:
             break
-        rows = pd.read_csv(other)
+        rows = _whole_shapes(pd.read_csv(other))
         found = rows[rows["part"].isin(stopped) & (rows["kernel"] != "all")]
         table = pd.concat([table[~table["part"].isin(set(found["part"]))], found], ignore_index=True)
         stopped -= set(found["part"])
+    return table
+
+
+SHAPES = ("M", "N", "B", "H", "Hkv", "d", "step")  # a recording's shape columns: whole numbers
+
+
+def _whole_shapes(table):
+    """Shape columns as integers (a row without a shape, such as a part's "all" row, makes pandas read them as
+    floats: 32.0); missing values stay missing."""
+    for column in SHAPES:
+        if column in table and table[column].dtype.kind == "f":
+            table[column] = table[column].astype("Int64")
     return table
 
 

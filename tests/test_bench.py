@@ -69,3 +69,22 @@ def test_a_part_that_stopped_on_the_reference_gpu_is_read_from_another_gpus_reco
     table = bench.recorded("wk")
     assert list(zip(table.part, table.ms, table.device)) == [("a", 1.0, "H200"), ("b", 2.0, "H100")]
     assert list(bench.recorded("wk", "h100").device) == ["H100", "H100"]  # nothing stopped there: its own rows
+
+
+def test_the_copy_yardstick_is_timed_by_eager_events_never_from_a_cuda_graph(monkeypatch):
+    """A device-to-device copy captured in a graph takes a slower path in the driver: the `copy` rows and the copy
+    ceiling must time the copy the same way (eager events); every other kernel alone is a graph replay."""
+    timed_by = []
+    monkeypatch.setattr(bench, "gpu_ms", lambda fn, **kw: timed_by.append(fn) or 1.0)
+    monkeypatch.setattr(bench, "_captured", lambda fn: (_ for _ in ()).throw(AssertionError("captured the copy")))
+    src, dst = [1, 2], [0, 0]
+
+    class Lists(list):
+        def copy_(self, other):
+            self[:] = other
+            return self
+
+    dst = Lists(dst)
+    copy = bench.copier(src, dst)
+    assert bench.kernel_ms(copy) == 1.0 and timed_by == [copy]
+    assert copy() == [1, 2]

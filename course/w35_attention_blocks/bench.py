@@ -80,7 +80,7 @@ def softmax_rows(s, rows=None):
                 else (lambda: torch.softmax(scores * scale, dim=-1))
             fns = {"scale_mask_softmax": lambda: s.scale_mask_softmax(scores, out, scale, causal=causal),
                    "cuda_scale_mask_softmax": lambda: s.cuda_scale_mask_softmax(scores, out, scale, causal=causal),
-                   "torch eager": eager, "copy": lambda: out.copy_(scores)}
+                   "torch eager": eager, "copy": bench.copier(scores, out)}
             cost = ref.softmax_cost(B * H, n, n, 2, causal)
             for name, fn in fns.items():
                 times = bench.missed(why) if why else bench.timed(fn)
