@@ -27,17 +27,9 @@ WEEKS = ALL_WEEKS if _CHOSEN == "all" else [w for w in ALL_WEEKS if w in _CHOSEN
 # (notebook, nbval's "Cell N", error name): a knock-on (a demo using an unsolved exercise's None, a name a failed
 # cell did not define) or a lesson that needs what the edition leaves out. Shrink it as the notebooks are fixed: the
 # test fails on a listed cell that no longer fails, so the list stays exact.
-KNOCK_ONS = {
-    # `from course import mutants` (to list the grader's mutants): the edition has no mutants
-    ("notebooks/w37_flash_attention_core/d3_cuda_flash.ipynb", 9, "ImportError"),
-    # `inspect.getsource(s38)`: course.kernels(week) is then the learner's module wrapped (registry._Yours)
-    ("notebooks/w38_flash_attention_impl/d4_fa2_and_tensor_cores.ipynb", 11, "TypeError"),
-}
+KNOCK_ONS: set = set()  # none left
 # Cells that fail in the learner's edition even with every exercise solved (the same key).
-SOLVED_FAILURES = {
-    ("notebooks/w37_flash_attention_core/d3_cuda_flash.ipynb", 9, "ImportError"),
-    ("notebooks/w38_flash_attention_impl/d4_fa2_and_tensor_cores.ipynb", 11, "TypeError"),
-}
+SOLVED_FAILURES: set = set()  # none left
 
 SHIM = """# The editable install of the instructors' checkout maps `solutions` to it; the learner's edition must not see it.
 import sys
