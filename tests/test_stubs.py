@@ -57,3 +57,15 @@ def test_in_the_learners_edition_an_unsolved_exercise_names_itself():
     with pytest.raises(NotImplementedYet, match="solve w33.online_softmax_update first"):
         yours.online_softmax_update(None, None, None)
     assert callable(yours.prepare_rows)  # what is not an exercise passes through
+
+
+def test_in_the_learners_edition_an_unsolved_exercises_data_is_shown_as_written():
+    """A CUDA source string is a region of its exercise, but it runs nothing: a lesson reading it (to show it, or to
+    look for an instruction) gets the learner's text, stub marker and all, not a function that raises."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("_w38_stub_under_test", stubs.stub_path("w38_flash_attention_impl"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yours = registry._Yours(module, "w38_flash_attention_impl")
+    source = yours.TC_FLASH_ATTENTION_SRC
+    assert isinstance(source, str) and stubs.MARKER in source
