@@ -28,25 +28,6 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     ### END SOLUTION
 
 
-# ---------------------------------------------------------------- day 3: masks in NumPy
-def apply_masks(scores: np.ndarray, key_lengths=None, causal: bool = False, alibi_slopes=None) -> np.ndarray:
-    """Scores (B, H, M, N) plus the ALiBi bias -slope_h·|i - j|, then -inf where a key is masked:
-    causal (query i sees keys j <= i) and key padding (keys j >= key_lengths[b] of batch b)."""
-    b, h, m, n = scores.shape
-    i, j = np.arange(m)[:, None], np.arange(n)[None, :]
-    ### BEGIN SOLUTION
-    biased = scores
-    if alibi_slopes is not None:
-        biased = scores - np.asarray(alibi_slopes, scores.dtype).reshape(1, h, 1, 1) * np.abs(i - j)
-    keep = np.ones((b, 1, m, n), dtype=bool)
-    if causal:
-        keep &= j <= i
-    if key_lengths is not None:
-        keep &= j < np.asarray(key_lengths).reshape(b, 1, 1, 1)
-    return np.where(keep, biased, -np.inf).astype(scores.dtype)
-    ### END SOLUTION
-
-
 # ---------------------------------------------------------------- day 2: QKᵀ as a tiled GEMM in CUDA C
 TILE = 32  # the launch below and TILE in the source must agree
 
@@ -158,6 +139,25 @@ def qk_scores(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None,
                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d), TILES=tiles, STAGES=stages,
                            PRECISION=_precision(q), num_warps=warps)
     return out
+
+
+# ---------------------------------------------------------------- day 3: masks in NumPy
+def apply_masks(scores: np.ndarray, key_lengths=None, causal: bool = False, alibi_slopes=None) -> np.ndarray:
+    """Scores (B, H, M, N) plus the ALiBi bias -slope_h·|i - j|, then -inf where a key is masked:
+    causal (query i sees keys j <= i) and key padding (keys j >= key_lengths[b] of batch b)."""
+    b, h, m, n = scores.shape
+    i, j = np.arange(m)[:, None], np.arange(n)[None, :]
+    ### BEGIN SOLUTION
+    biased = scores
+    if alibi_slopes is not None:
+        biased = scores - np.asarray(alibi_slopes, scores.dtype).reshape(1, h, 1, 1) * np.abs(i - j)
+    keep = np.ones((b, 1, m, n), dtype=bool)
+    if causal:
+        keep &= j <= i
+    if key_lengths is not None:
+        keep &= j < np.asarray(key_lengths).reshape(b, 1, 1, 1)
+    return np.where(keep, biased, -np.inf).astype(scores.dtype)
+    ### END SOLUTION
 
 
 # ---------------------------------------------------------------- day 4: fused scale + mask + softmax

@@ -65,21 +65,6 @@ def roofline_bound(flops: float, nbytes: float, bandwidth_gbps: float, peak_tflo
     return intensity, ridge, ms, compute_bound
 
 
-# ---------------------------------------------------------------- day 5: bytes of the pipeline
-def pipeline_bytes(bh: int, m: int, n: int, d: int, element_size: int, causal: bool = False):
-    """HBM bytes of the three kernels of standard attention, (QKᵀ, fused scale + mask + softmax, PV), with
-    S and P in the inputs' dtype. The softmax reads only the scores its mask keeps (causal, top-left:
-    query i keeps keys j <= i) and writes every probability; the GEMMs do not skip masked work."""
-    ### BEGIN SOLUTION
-    k = min(m, n)
-    kept = k * (k + 1) // 2 + (m - k) * n if causal else m * n
-    qk = bh * ((m + n) * d + m * n) * element_size
-    softmax = bh * (kept + m * n) * element_size
-    pv = bh * (m * n + (n + m) * d) * element_size
-    ### END SOLUTION
-    return qk, softmax, pv
-
-
 # ---------------------------------------------------------------- day 4: the softmax batched over heads
 @triton.jit
 def batched_softmax_kernel(s_ptr, p_ptr, R, M, N, H, scale, ssb, ssh, ssm, p_row_stride,
@@ -127,3 +112,18 @@ def batched_softmax(scores: torch.Tensor, out: torch.Tensor | None = None, scale
         scores, out, total, m, n, heads, float(scale), *scores.stride()[:3], out.stride(2), ROWS=rows,
         BLOCK_N=block, CAUSAL=bool(causal), num_warps=4 if rows * block >= 2048 else 2)
     return out
+
+
+# ---------------------------------------------------------------- day 5: bytes of the pipeline
+def pipeline_bytes(bh: int, m: int, n: int, d: int, element_size: int, causal: bool = False):
+    """HBM bytes of the three kernels of standard attention, (QKᵀ, fused scale + mask + softmax, PV), with
+    S and P in the inputs' dtype. The softmax reads only the scores its mask keeps (causal, top-left:
+    query i keeps keys j <= i) and writes every probability; the GEMMs do not skip masked work."""
+    ### BEGIN SOLUTION
+    k = min(m, n)
+    kept = k * (k + 1) // 2 + (m - k) * n if causal else m * n
+    qk = bh * ((m + n) * d + m * n) * element_size
+    softmax = bh * (kept + m * n) * element_size
+    pv = bh * (m * n + (n + m) * d) * element_size
+    ### END SOLUTION
+    return qk, softmax, pv

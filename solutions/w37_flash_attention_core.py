@@ -19,6 +19,21 @@ from course.heads import as_heads
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e); a constexpr, so kernels read it (the host: LOG2E.value)
 
 
+# ---------------------------------------------------------------- day 1: HBM traffic, counted
+def hbm_traffic(bh: int, m: int, n: int, d: int, block_m: int, block_n: int, causal: bool = False):
+    """(reads, writes), in elements, of the tiled forward for bh heads: Q read once; K and V read once per
+    query block, only up to the block's last query with a causal mask (a partial last block counts its keys);
+    O written once and one log-sum-exp per query."""
+    ### BEGIN SOLUTION
+    keys = 0
+    for first in range(0, m, block_m):
+        keys += min(first + block_m, n) if causal else n
+    reads = bh * (m * d + 2 * keys * d)
+    writes = bh * (m * d + m)
+    ### END SOLUTION
+    return reads, writes
+
+
 # ---------------------------------------------------------------- day 2: the online tile update, in NumPy
 def online_update(m, l, o, s, v):
     """One key tile of the online softmax for a block of Br queries: running max m (Br,), running sum l (Br,)
@@ -64,33 +79,7 @@ def tiled_attention(q, k, v, block_m: int, block_n: int, causal: bool = False):
     return o, lse
 
 
-# ---------------------------------------------------------------- day 1: HBM traffic, counted
-def hbm_traffic(bh: int, m: int, n: int, d: int, block_m: int, block_n: int, causal: bool = False):
-    """(reads, writes), in elements, of the tiled forward for bh heads: Q read once; K and V read once per
-    query block, only up to the block's last query with a causal mask (a partial last block counts its keys);
-    O written once and one log-sum-exp per query."""
-    ### BEGIN SOLUTION
-    keys = 0
-    for first in range(0, m, block_m):
-        keys += min(first + block_m, n) if causal else n
-    reads = bh * (m * d + 2 * keys * d)
-    writes = bh * (m * d + m)
-    ### END SOLUTION
-    return reads, writes
-
-
-# ---------------------------------------------------------------- day 5: causal tile bounds
-def causal_tile_bounds(pid_m: int, block_m: int, block_n: int, n: int):
-    """(free, stop) for query block pid_m of block_m queries under a top-left causal mask over n keys: the key
-    blocks of block_n keys in [0, free) need no mask (whole blocks, every key before every query of the
-    block); [free, stop) need one (the diagonal and the tail); keys from stop on are never loaded."""
-    ### BEGIN SOLUTION
-    free = min(pid_m * block_m, n) // block_n * block_n
-    stop = min((pid_m + 1) * block_m, n)
-    ### END SOLUTION
-    return free, stop
-
-
+# ---------------------------------------------------------------- shared by the two forwards below
 def _heads_and_scale(op: str, q, k, v, scale, max_d: int):
     """q, k, v as (B, H, length, d) tensors with a contiguous last dimension, checked against each other, and
     the softmax scale (1/sqrt(d) by default)."""
@@ -346,3 +335,15 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, CAUSAL=bool(causal), STAGES=stages,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=warps)
     return o, lse
+
+
+# ---------------------------------------------------------------- day 5: causal tile bounds
+def causal_tile_bounds(pid_m: int, block_m: int, block_n: int, n: int):
+    """(free, stop) for query block pid_m of block_m queries under a top-left causal mask over n keys: the key
+    blocks of block_n keys in [0, free) need no mask (whole blocks, every key before every query of the
+    block); [free, stop) need one (the diagonal and the tail); keys from stop on are never loaded."""
+    ### BEGIN SOLUTION
+    free = min(pid_m * block_m, n) // block_n * block_n
+    stop = min((pid_m + 1) * block_m, n)
+    ### END SOLUTION
+    return free, stop

@@ -24,15 +24,6 @@ def attention_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     # YOUR CODE HERE
 
 
-# ---------------------------------------------------------------- day 3: masks in NumPy
-def apply_masks(scores: np.ndarray, key_lengths=None, causal: bool = False, alibi_slopes=None) -> np.ndarray:
-    """Scores (B, H, M, N) plus the ALiBi bias -slope_h·|i - j|, then -inf where a key is masked:
-    causal (query i sees keys j <= i) and key padding (keys j >= key_lengths[b] of batch b)."""
-    b, h, m, n = scores.shape
-    i, j = np.arange(m)[:, None], np.arange(n)[None, :]
-    # YOUR CODE HERE
-
-
 # ---------------------------------------------------------------- day 2: QKᵀ as a tiled GEMM in CUDA C
 TILE = 32  # the launch below and TILE in the source must agree
 
@@ -127,6 +118,15 @@ def qk_scores(q: torch.Tensor, k: torch.Tensor, out: torch.Tensor | None = None,
                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=_block_d(d), TILES=tiles, STAGES=stages,
                            PRECISION=_precision(q), num_warps=warps)
     return out
+
+
+# ---------------------------------------------------------------- day 3: masks in NumPy
+def apply_masks(scores: np.ndarray, key_lengths=None, causal: bool = False, alibi_slopes=None) -> np.ndarray:
+    """Scores (B, H, M, N) plus the ALiBi bias -slope_h·|i - j|, then -inf where a key is masked:
+    causal (query i sees keys j <= i) and key padding (keys j >= key_lengths[b] of batch b)."""
+    b, h, m, n = scores.shape
+    i, j = np.arange(m)[:, None], np.arange(n)[None, :]
+    # YOUR CODE HERE
 
 
 # ---------------------------------------------------------------- day 4: fused scale + mask + softmax

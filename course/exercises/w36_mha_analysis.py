@@ -45,15 +45,6 @@ def roofline_bound(flops: float, nbytes: float, bandwidth_gbps: float, peak_tflo
     return intensity, ridge, ms, compute_bound
 
 
-# ---------------------------------------------------------------- day 5: bytes of the pipeline
-def pipeline_bytes(bh: int, m: int, n: int, d: int, element_size: int, causal: bool = False):
-    """HBM bytes of the three kernels of standard attention, (QKᵀ, fused scale + mask + softmax, PV), with
-    S and P in the inputs' dtype. The softmax reads only the scores its mask keeps (causal, top-left:
-    query i keeps keys j <= i) and writes every probability; the GEMMs do not skip masked work."""
-    # YOUR CODE HERE
-    return qk, softmax, pv
-
-
 # ---------------------------------------------------------------- day 4: the softmax batched over heads
 @triton.jit
 def batched_softmax_kernel(s_ptr, p_ptr, R, M, N, H, scale, ssb, ssh, ssm, p_row_stride,
@@ -83,3 +74,12 @@ def batched_softmax(scores: torch.Tensor, out: torch.Tensor | None = None, scale
         scores, out, total, m, n, heads, float(scale), *scores.stride()[:3], out.stride(2), ROWS=rows,
         BLOCK_N=block, CAUSAL=bool(causal), num_warps=4 if rows * block >= 2048 else 2)
     return out
+
+
+# ---------------------------------------------------------------- day 5: bytes of the pipeline
+def pipeline_bytes(bh: int, m: int, n: int, d: int, element_size: int, causal: bool = False):
+    """HBM bytes of the three kernels of standard attention, (QKᵀ, fused scale + mask + softmax, PV), with
+    S and P in the inputs' dtype. The softmax reads only the scores its mask keeps (causal, top-left:
+    query i keeps keys j <= i) and writes every probability; the GEMMs do not skip masked work."""
+    # YOUR CODE HERE
+    return qk, softmax, pv
