@@ -32,7 +32,7 @@ _FLUSH = None            # the buffer _flush_l2 reads, allocated on first use
 def _flush_l2() -> None:
     """Evict the L2 cache by reading a large buffer. Reading leaves clean lines behind; zeroing the
     buffer (what triton.testing.do_bench does) leaves tens of MB of dirty lines whose write-back is
-    then charged to the next kernel timed: 6 µs on an H200, 8% of a 70 µs softmax (notes/w33_perf.md)."""
+    then charged to the next kernel timed: 6 µs on an H200, 8% of a 70 µs softmax."""
     import torch
     global _FLUSH
     if _FLUSH is None:
@@ -285,7 +285,7 @@ def provenance() -> dict:
         cupy_version = cupy.__version__
     except ImportError:
         cupy_version = "none"
-    commit = os.environ.get("COURSE_COMMIT")  # set by tools/gpu_check.sh where the tree has no .git
+    commit = os.environ.get("COURSE_COMMIT")  # set where the tree has no .git (a copy sent to a GPU machine)
     try:
         commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                 text=True, check=True).stdout.strip()

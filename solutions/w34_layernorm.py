@@ -91,7 +91,7 @@ __global__ void cuda_layernorm(const T* x, const T* weight, const T* bias, T* y,
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 
     Stats s = {0.f, 0.f, 0.f};
-    for (int j = threadIdx.x; j < n_cols; j += THREADS) {  // the seed's Welford update
+    for (int j = threadIdx.x; j < n_cols; j += THREADS) {  // Welford's update, one element at a time
         const float v = to_float(row[j]);
         s.n += 1.f;
         const float delta = v - s.mean;
@@ -405,7 +405,7 @@ def norm_backward(x: torch.Tensor, weight: torch.Tensor, dy: torch.Tensor, mean:
         raise ValueError(f"norm_backward: dy must be a contiguous {x.dtype} tensor of shape {tuple(x.shape)}")
     block, _ = _row_launch(n_cols, x.element_size(), "norm_backward")
     short = n_cols * x.element_size() <= 8192  # rows of at most 8 KB (settings swept on an H200)
-    long = want_dx and n_cols > LONG_ROW        # the row in two halves (notes/w34_perf.md, session 5)
+    long = want_dx and n_cols > LONG_ROW        # the row in two halves: long_row_backward_kernel
     if programs is None:  # one or two programs per SM; on CPU a few, so stage 2 has parts to sum
         programs = (2 if short else 1) * _sms(x)
     rows_per_program = triton.cdiv(n_rows, min(programs, n_rows))

@@ -71,3 +71,18 @@ def test_the_page_title_is_plain_text(path):
         if cell.cell_type == "markdown" and titles:
             assert "$" not in titles[0] and "\\" not in titles[0], titles[0]
             return
+
+
+# what the learner's edition ships of the package (release.py names what it leaves out, so it must say notes/ and tools/)
+SHIPPED_SOURCE = sorted(p for p in (ROOT / "course").rglob("*.py") if p.name != "release.py")
+
+
+@pytest.mark.parametrize("path", SHIPPED_SOURCE, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_the_course_package_speaks_to_learners_too(path):
+    """Lessons show the package's code (course.show_source: exercises, references, cost models) and the learner's edition
+    ships all of it: no comment names a maintainer's file (notes/ and tools/ are not in that edition) or says how the
+    course was built."""
+    text = path.read_text()
+    for pattern in (MAINTAINER_WORDS, re.compile(r"\bnotes/|\bseed's\b|\btools/", re.IGNORECASE)):
+        found = pattern.search(text)
+        assert not found, f"{path.name}: {found.group(0)!r} in {text[max(0, found.start() - 60):found.end() + 60]!r}"

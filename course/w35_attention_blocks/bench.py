@@ -10,7 +10,7 @@ the same per call), both from this run. A size or peer that does not fit, or fai
 FLOPs and bytes come from reference.py's cost model.
 
 `tune_qk`, `tune_pv` and `tune_softmax` are the sweeps that chose the kernels' launch settings (QK_TILE, PV_TILE, the
-fused softmax's warps per row; notes/w35_perf.md): not part of run(), each returns a table, one row per setting."""
+fused softmax's warps per row): not part of run(), each returns a table, one row per setting."""
 import contextlib
 import math
 

@@ -2,7 +2,7 @@
 - stage: each stage of standard attention timed alone (B = 4, H = 16, N = 1024 … 8192): QKᵀ and PV by
   cuBLAS (torch.matmul), the scale + mask + softmax by the course's fused kernel and by torch eager; with
   the cost model's FLOPs and bytes, so each stage lands on the roofline;
-- pipeline: standard attention as cuBLAS GEMMs around the course's fused softmax (the seed's option C:
+- pipeline: standard attention as cuBLAS GEMMs around the course's fused softmax (option C of "Standing on Shoulders Properly":
   `cublas_softmax_attention`), against torch's eager matmul-softmax-matmul (the peer), week 35's three
   Triton kernels and SDPA's default backend (a fused flash-attention kernel: cuDNN's with torch 2.11 on an
   H200), no mask and causal, with the peak memory;

@@ -12,7 +12,7 @@ Two times per timed row (course/bench.py `timed`): `ms` the kernel alone and `ca
 `call_TFLOP/s`; `call_speedup` is `speedup` per call. A size or peer that does not fit in memory (SDPA math's N × N
 scores), or fails, has NaN and the reason in `note`, and the run goes on.
 
-`tune_tiles` is the sweep that chose the Triton forward's GPU tiles (GPU_TILES; notes/w37_flash.md): not part of
+`tune_tiles` is the sweep that chose the Triton forward's GPU tiles (GPU_TILES): not part of
 run()."""
 import math
 
@@ -170,7 +170,7 @@ TILES = {64: [(128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)
 
 
 def tune_tiles(sizes=TUNE_SIZES, head_dims=HEAD_DIMS, tiles=TILES, dtype="bfloat16") -> pd.DataFrame:
-    """flash_attention at each tile (BLOCK_M, BLOCK_N, num_warps, STAGES), the issue's shapes, no mask and
+    """flash_attention at each tile (BLOCK_M, BLOCK_N, num_warps, STAGES), the benchmark's shapes, no mask and
     causal, against SDPA's FlashAttention-2 and cuDNN backends timed on the same inputs (`vs_fa2`, `vs_cudnn`); each
     tile checked against FlashAttention-2's output first. `current` marks the kernel's GPU_TILES entry."""
     import torch
