@@ -21,7 +21,7 @@ from .submission import POISON_BITS, TIMEOUT_S, GradingError, NotImplementedYet,
 # (atol, rtol, reason) per storage dtype. Computation is in float32 (float64 for NumPy float64).
 TOLERANCES = {
     "float64": (1e-12, 1e-9, "float64 inputs: 53-bit mantissa, only summation-order differences"),
-    "float32": (1e-6, 2e-5, "float32: 24-bit mantissa (unit roundoff 6e-8), fast exp on a GPU, sums of up to ~1e3 terms"),
+    "float32": (1e-6, 2e-5, "float32: 24-bit mantissa (unit roundoff 6e-8), sums of up to ~1e3 terms, a GPU kernel's fast exp"),
     "float16": (1e-5, 2e-3, "float16 output: 11-bit mantissa, one rounding of the result (unit roundoff 4.9e-4)"),
     "bfloat16": (1e-5, 1.6e-2, "bfloat16 output: 8-bit mantissa, one rounding of the result (unit roundoff 3.9e-3)"),
 }
