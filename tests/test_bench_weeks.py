@@ -21,7 +21,7 @@ from course.w38_flash_attention_impl import train as w38_train
 
 MS, CALL_MS, HOST_US, PEAK_MB = 2.0, 4.0, 10.0, 7.0
 FREE = 60e6  # bytes the fake GPU can spare: larger sizes and N × N peers get "needs … GB" instead of a time
-PROVENANCE = {"device", "date", "torch", "triton", "cupy", "python", "commit", "kernels"}
+PROVENANCE = {"device", "date", "torch", "triton", "cupy", "python", "commit", "kernels", *bench.PEER_PACKAGES}
 
 
 def oom(*_, **__):
