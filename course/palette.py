@@ -28,7 +28,7 @@ FIXED = {
     "torch.compile rms_norm backward": "#deb887",
     # the course's kernels: blues (softmax week, norms week, attention weeks each told apart)
     "block_softmax": "#9ecae1", "warp_softmax": "#6baed6", "triton_softmax": "tab:blue",
-    "online_softmax": "#08519c", "online_softmax loop": "#4292c6", "log_softmax": "#3182bd",
+    "online_softmax": "#08519c", "split_softmax": "#4292c6", "log_softmax": "#3182bd",
     "layernorm": "tab:blue", "cuda_layernorm": "#c6dbef", "rmsnorm": "#08519c", "fused_add_rmsnorm": "#6baed6",
     "layernorm_backward": "#3182bd", "rmsnorm_backward": "#9ecae1",
     "qk_scores": "#6baed6", "scale_mask_softmax": "#08519c", "cuda_scale_mask_softmax": "#9ecae1",

@@ -298,29 +298,46 @@ def online_softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr, STAGES: tl.
         tl.store(y_row + start + cols, (tl.exp(x - m_row) * inv_sum).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
+                   block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """Row softmax for rows of any length with the looped online-softmax Triton kernel, one program per row.
+    `block` (columns per step) and `num_warps` tune it."""
+    x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "online_softmax")
+    block = block or min(row_block(n_cols), 8192)  # defaults tuned on an H200
+    launch(online_softmax_kernel, (n_rows,), x2, out2, n_cols, BLOCK=block, STAGES=3,
+           num_warps=num_warps or max(1, min(16, block // 512)))
+    return out
+
+
+# ---------------------------------------------------------------- day 5, on a GPU: one row, many programs
 @triton.jit
-def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_rows, n_splits,
+def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits, n_programs,
                          BLOCK: tl.constexpr, MAX_SPLITS: tl.constexpr):
     # GPU only. A long row is split over n_splits programs, each holding BLOCK columns in registers:
     # each publishes its (m, l), waits for its siblings, merges their states (day 5's merge) and writes
-    # its exponentials rescaled (one exp per element). Reads MN once, writes MN once. Programs take
-    # tickets in the order they start, so a program only waits for siblings that have already started:
-    # no deadlock as long as n_splits programs fit on the GPU at once. sync_ptr holds [tickets, departures, one arrival count per row],
-    # zero at the start; the last program to leave zeroes them again, so the next launch (or the
-    # replay of a CUDA graph holding this one) finds them clean.
-    ticket = tl.atomic_add(sync_ptr, 1)
-    row = ticket // n_splits
-    cols = (ticket % n_splits) * BLOCK + tl.arange(0, BLOCK)
-    offsets = row.to(tl.int64) * n_cols + cols
+    # its exponentials rescaled (one exp per element). Reads MN once, writes MN once.
+    # sync_ptr holds int64 counters that only ever grow, [tickets, one arrival count per row], shared by
+    # every launch of this geometry (n_programs programs, n_splits per row) on one stream: launch k hands out
+    # tickets k*n_programs ... (k+1)*n_programs - 1, and a row is complete when its count reaches
+    # (k+1)*n_splits. Nothing needs resetting, so a CUDA graph may replay the launch any number of times.
+    # Programs take tickets in the order they start, so a program only waits for siblings that have
+    # already started: no deadlock as long as n_splits programs fit on the GPU at once.
+    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+    launch_index = ticket // n_programs
+    piece = ticket - launch_index * n_programs  # this launch's program number, in start order
+    row = piece // n_splits
+    cols = (piece - row * n_splits) * BLOCK + tl.arange(0, BLOCK)
+    offsets = row * n_cols + cols
     x = tl.load(x_ptr + offsets, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
     m = tl.max(x, axis=0)
     shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf piece publishes the empty state (-inf, 0)
     p = tl.exp(x - shift)  # kept: the output is p rescaled, one exponential per element in all
-    tl.store(state_ptr + 2 * ticket, m)
-    tl.store(state_ptr + 2 * ticket + 1, tl.sum(p, axis=0))
-    arrived = tl.atomic_add(sync_ptr + 2 + row, 1, sem="release") + 1
-    while arrived < n_splits:
-        arrived = tl.atomic_add(sync_ptr + 2 + row, 0, sem="acquire")
+    tl.store(state_ptr + 2 * piece, m)
+    tl.store(state_ptr + 2 * piece + 1, tl.sum(p, axis=0))
+    complete = (launch_index + 1) * n_splits
+    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+    while arrived < complete:
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
     sibling = row * n_splits + tl.arange(0, MAX_SPLITS)
     live = tl.arange(0, MAX_SPLITS) < n_splits
     ms = tl.load(state_ptr + 2 * sibling, mask=live, other=-3.0e38, cache_modifier=".cg")
@@ -328,51 +345,36 @@ def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_rows, n_sp
     m_row = tl.max(ms, axis=0)
     scale = tl.exp(shift - m_row) / tl.sum(ls * tl.exp(ms - m_row), axis=0)
     tl.store(y_ptr + offsets, (p * scale).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
-    if tl.atomic_add(sync_ptr + 1, 1, sem="acq_rel") == n_rows * n_splits - 1:  # every sibling has left
-        for start in range(0, 2 + n_rows, 1024):
-            idx = start + tl.arange(0, 1024)
-            tl.store(sync_ptr + idx, 0, mask=idx < 2 + n_rows)
 
 
-SPLIT_BLOCK = 8192        # columns per program of split_softmax_kernel (fp32: 32 KB in registers)
-SPLIT_MIN_COLS = 16384    # measured on an H200: below this, the looped kernel is as fast
-_SCRATCH: dict = {}       # (device, stream) -> split_softmax_kernel's counters (zero between launches) and states
+# Measured on an H100 (1024 x 65536 and 256 x 262144): 16 KB of a row per program, 32 columns per thread, ran
+# best in both float32 (4096 columns, 4 warps: 0.95 and 0.90 of the copy ceiling) and bfloat16 (8192, 8 warps: 0.85
+# and 0.80); 8192 float32 columns at 8 warps reached 0.86 and 0.80.
+SPLIT_BYTES = 16384
+_SCRATCH: dict = {}  # (device, stream, rows, splits) -> split_softmax_kernel's growing counters and its states
 
 
-def _split_scratch(n_rows: int, n_states: int, device) -> tuple:
-    """split_softmax_kernel's int32 counters and float32 states for this stream, kept between calls: launches
-    on one stream run one after another, and each leaves the counters at zero."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    sync, states = _SCRATCH.get(key, (None, None))
-    if sync is None or sync.numel() < 2 + n_rows:
-        sync = torch.zeros(2 + n_rows, dtype=torch.int32, device=device)
-    if states is None or states.numel() < n_states:
-        states = torch.empty(n_states, dtype=torch.float32, device=device)
-    _SCRATCH[key] = sync, states
-    return sync, states
+def _split_scratch(n_rows: int, n_splits: int, device) -> tuple:
+    """split_softmax_kernel's int64 counters and float32 states for this geometry on this stream, kept between
+    calls: launches on one stream run one after another, and each leaves the counters ready for the next."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream, n_rows, n_splits)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (torch.zeros(1 + n_rows, dtype=torch.int64, device=device),
+                         torch.empty(2 * n_rows * n_splits, dtype=torch.float32, device=device))
+    return _SCRATCH[key]
 
 
-def splits_rows(x: torch.Tensor) -> bool:
-    """Whether online_softmax hands x to split_softmax_kernel: on a GPU, float32 rows of SPLIT_MIN_COLS or more
-    (in bf16 the split kernel measured no faster than the loop on an H100: 0.70 against 0.69 of the copy ceiling
-    at 1024 x 65536, 0.65 against 0.67 at 256 x 262144)."""
-    return ON_GPU and x.dtype == torch.float32 and x.shape[-1] >= SPLIT_MIN_COLS
-
-
-def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
-                   block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
-    """Row softmax for rows of any length with the looped online-softmax Triton kernel (on a GPU,
-    long float32 rows are split across programs instead). `block` and `num_warps` tune the loop."""
-    x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "online_softmax")
-    if block is None and splits_rows(x):
-        splits = triton.cdiv(n_cols, SPLIT_BLOCK)
-        sync, states = _split_scratch(n_rows, 2 * n_rows * splits, x.device)
-        launch(split_softmax_kernel, (n_rows * splits,), x2, out2, sync, states, n_cols, n_rows, splits,
-               BLOCK=SPLIT_BLOCK, MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=8)
-        return out
-    block = block or min(row_block(n_cols), 8192)  # defaults tuned on an H200
-    launch(online_softmax_kernel, (n_rows,), x2, out2, n_cols, BLOCK=block, STAGES=3,
-           num_warps=num_warps or max(1, min(16, block // 512)))
+def split_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Row softmax on a GPU with each long row split across programs that merge their states (one read of x)."""
+    if not ON_GPU:
+        raise RuntimeError("split_softmax: its programs wait for each other, which only works on a GPU "
+                           "(the interpreter runs one program at a time); use online_softmax")
+    x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "split_softmax")
+    block = SPLIT_BYTES // x.element_size()
+    splits = triton.cdiv(n_cols, block)
+    sync, states = _split_scratch(n_rows, splits, x.device)
+    launch(split_softmax_kernel, (n_rows * splits,), x2, out2, sync, states, n_cols, splits, n_rows * splits,
+           BLOCK=block, MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=block // 1024)
     return out
 
 

@@ -1,7 +1,6 @@
 """Week 33 benchmark: every softmax kernel of the course vs torch.softmax and the copy ceiling,
 fp32 and bf16, one run, two times each (the kernel alone and the per-call time a user sees: course/bench.py),
-with QuACK, Liger-Kernel and torch.compile beside them (course/peers.py). `online_softmax loop` is the looped kernel
-of the exercise where the launcher splits long rows instead. Bytes come from the cost model (read x once, write y
+with QuACK, Liger-Kernel and torch.compile beside them (course/peers.py). Bytes come from the cost model (read x once, write y
 once)."""
 import math
 
@@ -21,17 +20,16 @@ def kernels() -> dict:
     from ..registry import kernels
     s = kernels("w33_softmax")
     return {"block_softmax": s.block_softmax, "warp_softmax": s.warp_softmax,
-            "triton_softmax": s.triton_softmax, "online_softmax": s.online_softmax,
+            "triton_softmax": s.triton_softmax, "online_softmax": s.online_softmax, "split_softmax": s.split_softmax,
             "torch.softmax": lambda x, out=None: torch.softmax(x, dim=-1)}
 
 
 LIBRARIES = {"quack": "quack.softmax", "liger": "liger softmax", "compile": "torch.compile softmax"}
-COURSE = ("block_softmax", "warp_softmax", "triton_softmax", "online_softmax")
+COURSE = ("block_softmax", "warp_softmax", "triton_softmax", "online_softmax", "split_softmax")
 
 
 def run() -> pd.DataFrame:
     import torch
-    from ..registry import kernels as edition
     ceiling = bench.copy_ceiling_gbps()
     matmul = bench.matmul_ceiling_tflops()
     rows = bench.Rows()
@@ -48,9 +46,6 @@ def run() -> pd.DataFrame:
         fns = {name: (lambda fn=fn: fn(x, out)) for name, fn in kernels().items()
                if name != "triton_softmax" or n <= MAX_FUSED_COLS}
         fns["copy"] = bench.copier(x, out)  # the yardstick, timed by eager events (bench.copier)
-        if edition("w33_softmax").splits_rows(x):  # where the launcher splits rows instead
-            online = kernels()["online_softmax"]
-            fns["online_softmax loop"] = lambda: online(x, out, block=8192)
         for name, fn in {**fns, **peers.softmax(x)}.items():
             try:
                 error = 0.0 if name == "copy" else f"{(fn().float() - expected).abs().max().item():.1e}"
