@@ -262,7 +262,17 @@ def _learner_error(exc: BaseException) -> str:
             name = str(inner)[len(REFUSED):].strip()
             return (f"your code called `{name}`, which belongs to the course's own answers (a reference, a task or "
                     f"a solution). The exercise asks you to compute it yourself.")
+    if "PassManager::run failed" in str(exc):  # Triton's own compiler broke: its log above names the pass
+        return (f"Triton's compiler failed inside one of its own passes while compiling your kernel ({exc}; the "
+                f"log printed above names the pass). That is an internal error of Triton {_triton_version()}, not a "
+                f"wrong result: the same computation written another way (a reduction moved out of a loop, a "
+                f"different block size) usually compiles.")
     return f"your code raised {type(exc).__name__}: {exc}"
+
+
+def _triton_version() -> str:
+    import triton
+    return triton.__version__
 
 
 def _stray_writes(storage, out, allocated) -> str:

@@ -319,3 +319,10 @@ def test_diagnosis_names_one_bug_only_where_the_case_can_tell():
     nan = np.full(2, np.nan)
     assert grading.diagnose(nan, expected, {"0/0": nan, "doubled": doubled}) == "0/0"
     assert grading.diagnose(np.array([1.0, 9.0]), expected, {"doubled": doubled}) is None
+
+
+def test_a_crash_inside_tritons_compiler_is_named_as_such_not_as_the_learners_bug():
+    from course.submission import _learner_error
+    said = _learner_error(RuntimeError("PassManager::run failed"))
+    assert "internal error of Triton" in said and "written another way" in said
+    assert _learner_error(ValueError("shapes differ")) == "your code raised ValueError: shapes differ"

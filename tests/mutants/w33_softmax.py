@@ -137,6 +137,9 @@ VARIANTS = [
             "    with np.errstate(divide=\"ignore\"):\n"
             "        both = np.logaddexp(np.log(l_a) + (m_a - shift), np.log(l_b) + (m_b - shift))\n"
             "    return m, np.exp(both)"),
+    # The first loop keeps an element-wise max and reduces it after the loop: with a float32 reduction into a
+    # loop-carried value in both loops, Triton 3.6's compiler fails (pass TritonGPUOptimizeThreadLocality) at BLOCK
+    # 8192, 16 warps and a row length divisible by 16; Triton 3.9 compiles either form.
     Variant("w33.online_softmax", "two passes instead of online: every group's max first, then the sums",
             "    for start in tl.range(0, n_cols, BLOCK, num_stages=STAGES):\n"
             "        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float(\"inf\")).to(tl.float32)\n"
@@ -144,9 +147,11 @@ VARIANTS = [
             "        m_new = tl.maximum(m, tl.max(x, axis=1))\n"
             "        l = l * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[:, None]), axis=1)\n"
             "        m = m_new\n",
+            "    top = tl.full([BLOCK // 8, 8], -1.0e38, tl.float32)\n"
             "    for start in tl.range(0, n_cols, BLOCK):\n"
             "        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float(\"inf\")).to(tl.float32)\n"
-            "        m = tl.maximum(m, tl.max(x, axis=1))\n"
+            "        top = tl.maximum(top, x)\n"
+            "    m = tl.maximum(m, tl.max(top, axis=1))\n"
             "    for start in tl.range(0, n_cols, BLOCK):\n"
             "        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float(\"inf\")).to(tl.float32)\n"
             "        ### BEGIN SOLUTION\n"
