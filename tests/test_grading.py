@@ -326,3 +326,19 @@ def test_a_crash_inside_tritons_compiler_is_named_as_such_not_as_the_learners_bu
     said = _learner_error(RuntimeError("PassManager::run failed"))
     assert "internal error of Triton" in said and "written another way" in said
     assert _learner_error(ValueError("shapes differ")) == "your code raised ValueError: shapes differ"
+
+
+def test_a_case_that_cannot_tell_two_bugs_apart_still_names_them():
+    # With this seed every failing case of the mutant gives the same m as a second known bug (the smaller of the
+    # maxima): each such case votes for both, so the hint names both rather than nothing.
+    from course.submission import GradingError
+    from course.w33_softmax.tasks import STATE_MAX, STATE_MIN
+
+    def online_softmax_update(m, l, chunk):
+        m_new = chunk.max(axis=-1)  # the running max ignored
+        shift = np.where(np.isneginf(m_new), 0.0, m_new)
+        return m_new, l * np.exp(m - shift) + np.exp(chunk - shift[:, None]).sum(axis=-1)
+
+    with pytest.raises(GradingError) as failed:
+        course.check("w33.online_softmax_update", online_softmax_update, seed=1011358401)
+    assert STATE_MAX in str(failed.value) and STATE_MIN in str(failed.value)

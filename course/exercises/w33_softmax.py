@@ -230,8 +230,8 @@ def merge_softmax_states(m_a: np.ndarray, l_a: np.ndarray, m_b: np.ndarray, l_b:
 @triton.jit
 def online_softmax_kernel(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr, STAGES: tl.constexpr):
     # One program per row of any length, BLOCK columns at a time. A block is seen as [BLOCK // 8, 8]:
-    # each group of 8 neighbouring columns (one thread's 16-byte load of bf16) keeps its own running
-    # (m, l), so the update needs no communication between threads. Pass 1 reads the row once; pass 2
+    # each group of 8 neighbouring columns (one thread's 16-byte load of bf16, two threads' in fp32) keeps
+    # its own running (m, l), so the update needs no reduction across the block. Pass 1 reads the row once; pass 2
     # reads it again back to front (its tail is still in L2) and writes. tl.range(num_stages=STAGES)
     # loads the next blocks while this one is reduced. Reads 2MN (less what L2 serves), writes MN.
     row = tl.program_id(0).to(tl.int64)
@@ -275,8 +275,8 @@ def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits, n_
     # every launch of this geometry (n_programs programs, n_splits per row) on one stream: launch k hands out
     # tickets k*n_programs ... (k+1)*n_programs - 1, and a row is complete when its count reaches
     # (k+1)*n_splits. Nothing needs resetting, so a CUDA graph may replay the launch any number of times.
-    # Programs take tickets in the order they start, so a program only waits for siblings that have
-    # already started: no deadlock as long as n_splits programs fit on the GPU at once.
+    # Programs take tickets in the order they start, so the siblings a program waits for are running already
+    # or are among the next programs to start: no deadlock as long as n_splits programs fit on the GPU at once.
     ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
     launch_index = ticket // n_programs
     piece = ticket - launch_index * n_programs  # this launch's program number, in start order
