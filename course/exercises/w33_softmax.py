@@ -305,7 +305,7 @@ def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits, n_
 # Measured on an H100 (1024 x 65536 and 256 x 262144): 16 KB of a row per program, 32 columns per thread, ran
 # best in both float32 (4096 columns, 4 warps: 0.95 and 0.90 of the copy ceiling) and bfloat16 (8192, 8 warps: 0.85
 # and 0.80); 8192 float32 columns at 8 warps reached 0.86 and 0.80. On an H200 a sweep of 8-64 KB per program and
-# 16-64 columns per thread found the same setting best.
+# 16-64 columns per thread found the same setting best (tune_split in course/w33_softmax/bench.py).
 SPLIT_BYTES = 16384
 _SCRATCH: dict = {}  # (device, stream, rows, splits) -> split_softmax_kernel's growing counters and its states
 
@@ -320,17 +320,20 @@ def _split_scratch(n_rows: int, n_splits: int, device) -> tuple:
     return _SCRATCH[key]
 
 
-def split_softmax(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Row softmax on a GPU with each long row split across programs that merge their states (one read of x)."""
+def split_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
+                  block: int | None = None, num_warps: int | None = None) -> torch.Tensor:
+    """Row softmax on a GPU with each long row split across programs that merge their states (one read of x).
+    `block` (columns per program, a power of two) and `num_warps` override SPLIT_BYTES' setting
+    (tune_split in course/w33_softmax/bench.py sweeps them)."""
     if not ON_GPU:
         raise RuntimeError("split_softmax: its programs wait for each other, which only works on a GPU "
                            "(the interpreter runs one program at a time); use online_softmax")
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "split_softmax")
-    block = SPLIT_BYTES // x.element_size()
+    block = block or SPLIT_BYTES // x.element_size()
     splits = triton.cdiv(n_cols, block)
     sync, states = _split_scratch(n_rows, splits, x.device)
     launch(split_softmax_kernel, (n_rows * splits,), x2, out2, sync, states, n_cols, splits, n_rows * splits,
-           BLOCK=block, MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=block // 1024)
+           BLOCK=block, MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=num_warps or max(1, block // 1024))
     return out
 
 

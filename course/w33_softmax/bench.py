@@ -82,6 +82,37 @@ def tune(sizes=((4096, 16384), (1024, 65536), (256, 262144)), dtypes=DTYPES) -> 
     return pd.DataFrame(rows)
 
 
+def tune_split(sizes=((4096, 16384), (1024, 65536), (256, 262144)), dtypes=DTYPES,
+               kilobytes=(8, 16, 32, 64), columns_per_thread=(16, 32, 64)) -> pd.DataFrame:
+    """Sweep split_softmax's bytes per program and columns per thread (for choosing SPLIT_BYTES); each setting
+    checked against torch.softmax, then its share of an eager copy of the same tensor (L2 flushed for both).
+    GPU only."""
+    import torch
+    from ..registry import kernels
+    split_softmax = kernels("w33_softmax").split_softmax
+    rows = []
+    for dtype in dtypes:
+        for m, n in sizes:
+            x = torch.randn(m, n, device="cuda", dtype=getattr(torch, dtype)) * 4
+            out = torch.empty_like(x)
+            want = torch.softmax(x.float(), -1)
+            copy = bench.gpu_ms(bench.copier(x, out))
+            for kb in kilobytes:
+                block = kb * 1024 // x.element_size()
+                for per_thread in columns_per_thread:
+                    warps = block // (32 * per_thread)
+                    if not 1 <= warps <= 32:
+                        continue
+                    fn = lambda: split_softmax(x, out, block=block, num_warps=warps)  # noqa: E731
+                    error = (fn().float() - want).abs().max().item()
+                    rows.append({"dtype": dtype, "M": m, "N": n, "KB": kb, "columns_per_thread": per_thread,
+                                 "warps": warps, "vs_copy": round(copy / bench.gpu_ms(fn), 3),
+                                 "max_abs_error": f"{error:.1e}"})
+            del x, out, want
+            torch.cuda.empty_cache()
+    return pd.DataFrame(rows)
+
+
 def registers(sizes=(("float32", 1024), ("float32", 16384), ("float32", 65536), ("bfloat16", 16384))) -> pd.DataFrame:
     """Registers per thread and spilled values of softmax_kernel at triton_softmax's launch settings, uncapped and
     with ROW_REGISTER_CAP (course/results/logs/w33_registers_h200.txt, quoted in the day-4 lesson). GPU only."""
