@@ -6,7 +6,7 @@ import torch
 from course.backend import ON_GPU
 from solutions.w33_softmax import SPLIT_BYTES, split_softmax
 
-DTYPES = (torch.float32, torch.bfloat16)
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the split kernel spins on other programs: it only runs on a GPU")
