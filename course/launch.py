@@ -14,10 +14,17 @@ import torch
 from .backend import ON_GPU
 
 if ON_GPU:
-    from triton import knobs
     from triton.runtime import driver
     _current_stream = driver.active.get_current_stream
     _current_device = torch._C._cuda_getDevice  # what torch.cuda.current_device() returns, without its checks
+
+
+def hooked() -> bool:
+    """Whether a launch hook is set (a profiler's): then every launch goes through kernel[grid], which calls it.
+    Triton keeps its hooks in a HookChain that is never None, so the test is whether the chain holds any."""
+    from triton import knobs
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _spec(arg):
@@ -34,7 +41,7 @@ def _spec(arg):
 
 def launch(kernel, grid: tuple, *args, **meta):
     """kernel[grid](*args, **meta), launched from a cache of compiled kernels after the first call."""
-    if not ON_GPU or knobs.runtime.launch_enter_hook is not None:  # the interpreter, or a profiler's hook
+    if not ON_GPU or hooked():  # the interpreter, or a profiler's hook
         return kernel[grid](*args, **meta)
     device = _current_device()
     key = (device, *map(_spec, args), *meta.items())

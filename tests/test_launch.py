@@ -6,7 +6,7 @@ import triton
 import triton.language as tl
 
 from course.backend import DEVICE, ON_GPU
-from course.launch import launch
+from course.launch import hooked, launch
 
 
 @triton.jit
@@ -39,4 +39,18 @@ def test_every_specialisation_gets_the_binary_triton_picks():
                 picked = _scaled_copy[(1,)](x, y, n, 0.5, BLOCK=128)
                 _run(x, y, n, 0.5, BLOCK=128)
                 assert _run(x, y, n, 0.5, BLOCK=128) is picked, (dtype, offset, n)
+                assert picked in [hit for hit, _ in _scaled_copy.__dict__["_course_launches"].values()]
                 assert torch.equal(y[:n], (x[:n].float() * 0.5).to(dtype))
+
+
+def test_a_launch_hook_is_seen_only_when_one_is_set():
+    # Triton's hooks live in a chain that is never None: an empty chain must not send every launch the slow way.
+    from triton import knobs
+    assert not hooked()
+    probe = lambda *args, **kwargs: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(probe)
+    try:
+        assert hooked()
+    finally:
+        knobs.runtime.launch_enter_hook.remove(probe)
+    assert not hooked()

@@ -46,3 +46,15 @@ def test_rows_with_masked_pieces_and_the_cpu_message(rows):
     x = torch.randn(rows, device="cuda") * 4
     x[:, : rows[1] // 2] = float("-inf")  # whole pieces of -inf: they publish the empty state
     assert (split_softmax(x) - torch.softmax(x, -1)).abs().max().item() < 1e-5
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the split kernel spins on other programs: it only runs on a GPU")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rows_that_fit_one_program_and_the_widths_around_a_piece(dtype):
+    # Up to SPLIT_BYTES a row is one program without counters; one column more and it is two pieces.
+    piece = SPLIT_BYTES // torch.tensor([], dtype=dtype).element_size()
+    for cols in (1, 17, 1000, 1024, piece - 1, piece, piece + 1):
+        x = (torch.randn(333, cols, device="cuda") * 4).to(dtype)
+        out = torch.full_like(x, float("nan"))
+        error = (split_softmax(x, out).float() - torch.softmax(x.float(), -1)).abs().max().item()
+        assert error < (1e-5 if dtype == torch.float32 else 4e-3), (cols, error)

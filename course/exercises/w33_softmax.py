@@ -267,7 +267,7 @@ def online_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
 # ---------------------------------------------------------------- day 5, on a GPU: one row, many programs
 @triton.jit
 def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits, n_programs,
-                         BLOCK: tl.constexpr, MAX_SPLITS: tl.constexpr):
+                         BLOCK: tl.constexpr, MAX_SPLITS: tl.constexpr, ONE_PIECE: tl.constexpr):
     # GPU only. A long row is split over n_splits programs, each holding BLOCK columns in registers:
     # each publishes its (m, l), waits for its siblings, merges their states (day 5's merge) and writes
     # its exponentials rescaled (one exp per element). Reads MN once, writes MN once.
@@ -277,29 +277,37 @@ def split_softmax_kernel(x_ptr, y_ptr, sync_ptr, state_ptr, n_cols, n_splits, n_
     # (k+1)*n_splits. Nothing needs resetting, so a CUDA graph may replay the launch any number of times.
     # Programs take tickets in the order they start, so the siblings a program waits for are running already
     # or are among the next programs to start: no deadlock as long as n_splits programs fit on the GPU at once.
-    ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
-    launch_index = ticket // n_programs
-    piece = ticket - launch_index * n_programs  # this launch's program number, in start order
-    row = piece // n_splits
-    cols = (piece - row * n_splits) * BLOCK + tl.arange(0, BLOCK)
-    offsets = row * n_cols + cols
-    x = tl.load(x_ptr + offsets, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
-    m = tl.max(x, axis=0)
-    shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf piece publishes the empty state (-inf, 0)
-    p = tl.exp(x - shift)  # kept: the output is p rescaled, one exponential per element in all
-    tl.store(state_ptr + 2 * piece, m)
-    tl.store(state_ptr + 2 * piece + 1, tl.sum(p, axis=0))
-    complete = (launch_index + 1) * n_splits
-    arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
-    while arrived < complete:
-        arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
-    sibling = row * n_splits + tl.arange(0, MAX_SPLITS)
-    live = tl.arange(0, MAX_SPLITS) < n_splits
-    ms = tl.load(state_ptr + 2 * sibling, mask=live, other=-3.0e38, cache_modifier=".cg")
-    ls = tl.load(state_ptr + 2 * sibling + 1, mask=live, other=0.0, cache_modifier=".cg")
-    m_row = tl.max(ms, axis=0)
-    scale = tl.exp(shift - m_row) / tl.sum(ls * tl.exp(ms - m_row), axis=0)
-    tl.store(y_ptr + offsets, (p * scale).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+    # ONE_PIECE: each row fits one program, which has no sibling to wait for: no counters, no states.
+    if ONE_PIECE:
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        tl.store(y_ptr + row * n_cols + cols, (p / tl.sum(p, axis=0)).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
+    else:
+        ticket = tl.atomic_add(sync_ptr, 1, sem="relaxed")
+        launch_index = ticket // n_programs
+        piece = ticket - launch_index * n_programs  # this launch's program number, in start order
+        row = piece // n_splits
+        cols = (piece - row * n_splits) * BLOCK + tl.arange(0, BLOCK)
+        offsets = row * n_cols + cols
+        x = tl.load(x_ptr + offsets, mask=cols < n_cols, other=-float("inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        shift = tl.where(m == -float("inf"), 0.0, m)  # an all -inf piece publishes the empty state (-inf, 0)
+        p = tl.exp(x - shift)  # kept: the output is p rescaled, one exponential per element in all
+        tl.store(state_ptr + 2 * piece, m)
+        tl.store(state_ptr + 2 * piece + 1, tl.sum(p, axis=0))
+        complete = (launch_index + 1) * n_splits
+        arrived = tl.atomic_add(sync_ptr + 1 + row, 1, sem="release") + 1
+        while arrived < complete:
+            arrived = tl.atomic_add(sync_ptr + 1 + row, 0, sem="acquire")
+        sibling = row * n_splits + tl.arange(0, MAX_SPLITS)
+        live = tl.arange(0, MAX_SPLITS) < n_splits
+        ms = tl.load(state_ptr + 2 * sibling, mask=live, other=-3.0e38, cache_modifier=".cg")
+        ls = tl.load(state_ptr + 2 * sibling + 1, mask=live, other=0.0, cache_modifier=".cg")
+        m_row = tl.max(ms, axis=0)
+        scale = tl.exp(shift - m_row) / tl.sum(ls * tl.exp(ms - m_row), axis=0)
+        tl.store(y_ptr + offsets, (p * scale).to(y_ptr.dtype.element_ty), mask=cols < n_cols)
 
 
 # Measured on an H100 (1024 x 65536 and 256 x 262144): 16 KB of a row per program, 32 columns per thread, ran
@@ -331,9 +339,15 @@ def split_softmax(x: torch.Tensor, out: torch.Tensor | None = None,
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "split_softmax")
     block = block or SPLIT_BYTES // x.element_size()
     splits = triton.cdiv(n_cols, block)
+    if splits == 1:  # the row fits one program: a block just wide enough, as many warps as triton_softmax's
+        block = row_block(n_cols)
+        launch(split_softmax_kernel, (n_rows,), x2, out2, x2, x2, n_cols, 1, n_rows, BLOCK=block, MAX_SPLITS=2,
+               ONE_PIECE=True, num_warps=num_warps or _row_warps(block, x.element_size()))
+        return out
     sync, states = _split_scratch(n_rows, splits, x.device)
     launch(split_softmax_kernel, (n_rows * splits,), x2, out2, sync, states, n_cols, splits, n_rows * splits,
-           BLOCK=block, MAX_SPLITS=max(2, triton.next_power_of_2(splits)), num_warps=num_warps or max(1, block // 1024))
+           BLOCK=block, MAX_SPLITS=max(2, triton.next_power_of_2(splits)), ONE_PIECE=False,
+           num_warps=num_warps or max(1, block // 1024))
     return out
 
 
