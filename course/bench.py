@@ -16,6 +16,7 @@ import math
 import os
 import platform
 import subprocess
+import statistics
 import time
 from pathlib import Path
 
@@ -133,39 +134,47 @@ def _captured(fn, tries: int = 2, mode: str = "global"):
                 raise
 
 
-def call_ms(fn, min_s: float = 0.1) -> float:
+def call_ms(fn, min_s: float = 0.03, rounds: int = 3) -> float:
     """The time per call a user sees: eager calls back to back, the host's clock from the first to the end of the
-    last one's work. Where the host takes longer per call than the GPU, this is the host's time."""
+    last one's work. Where the host takes longer per call than the GPU, this is the host's time. The median of
+    `rounds` batches of at least min_s each: the host is sometimes interrupted, and one slow batch is not the
+    call's time."""
     import torch
     fn()
     torch.cuda.synchronize()
-    calls, elapsed = 1, 0.0
-    while True:  # 1, 4, 16, ... calls until they take min_s: a 100 ms kernel is called twice, not 32 times
+
+    def batch(calls: int) -> float:
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_s or calls >= 1 << 20:
-            return 1e3 * elapsed / calls
+        return time.perf_counter() - start
+
+    calls = 1
+    while batch(calls) < min_s and calls < 1 << 20:  # 1, 4, 16, ... calls: a 100 ms kernel is called twice, not 32 times
         calls *= 4
+    return 1e3 * statistics.median(batch(calls) for _ in range(rounds)) / calls
 
 
-def host_us(fn, calls: int = 200, gpu_ms: float = 0.0) -> float:
-    """The host's own work per call in µs: calls queued behind a long GPU sleep, so no call waits for the GPU. With
-    each call's GPU time (gpu_ms), fewer calls (ten at least) keep the queued work near 200 ms."""
+def host_us(fn, calls: int = 200, gpu_ms: float = 0.0, rounds: int = 5) -> float:
+    """The host's own work per call in µs: calls queued behind a long GPU sleep, so no call waits for the GPU; the
+    median over `rounds` such batches (an interrupted batch is not the call's work). With each call's GPU time
+    (gpu_ms), fewer calls (ten at least) keep the queued work near 200 ms."""
     import torch
     if gpu_ms > 0:
         calls = max(10, min(calls, int(200 / gpu_ms)))
+    per_round = max(2, calls // rounds)
     fn()
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(1e8))  # about 50 ms of GPU clock cycles: longer than queueing the calls
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return 1e6 * host / calls
+    samples = []
+    for _ in range(rounds):
+        torch.cuda._sleep(int(1e8))  # about 50 ms of GPU clock cycles: longer than queueing a round's calls
+        start = time.perf_counter()
+        for _ in range(per_round):
+            fn()
+        samples.append((time.perf_counter() - start) / per_round)
+        torch.cuda.synchronize()
+    return 1e6 * statistics.median(samples)
 
 
 def timed(fn) -> dict:
