@@ -11,7 +11,9 @@ Positional arguments are the kernel's run-time arguments; constexprs and options
 """
 import torch
 
-from .backend import ON_GPU
+from .backend import ON_GPU  # first: it decides whether Triton runs in its interpreter
+
+from triton import knobs  # noqa: E402
 
 if ON_GPU:
     from triton.runtime import driver
@@ -22,7 +24,6 @@ if ON_GPU:
 def hooked() -> bool:
     """Whether a launch hook is set (a profiler's): then every launch goes through kernel[grid], which calls it.
     Triton keeps its hooks in a HookChain that is never None, so the test is whether the chain holds any."""
-    from triton import knobs
     hook = knobs.runtime.launch_enter_hook
     return hook is not None and bool(getattr(hook, "calls", True))
 
