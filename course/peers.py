@@ -32,7 +32,6 @@ def _from(module: str, build):
     return _unavailable(why) if lib is None else build(lib)
 
 
-@functools.cache
 @functools.cache  # one compiled callable per op, made once: building it on every call would be charged to its call
 def compiled(fn):
     """torch.compile of the PyTorch code (default mode), one per op; shapes specialise as they come."""
