@@ -344,3 +344,44 @@ def test_speedups_use_the_peer_of_the_same_shape_for_both_times():
     out = bench.speedups(table, ["N"])
     assert list(out["speedup"][:2]) == [2.0, 1.0] and list(out["call_speedup"][:2]) == [0.5, 1.0]
     assert out["speedup"][2:].isna().all() and out["call_speedup"][2:].isna().all()
+
+
+def test_w39_runs_every_part_with_the_real_kernels_and_goes_on_past_missing_peers(cpu_bench, monkeypatch):
+    """Week 39's run() on tiny CPU shapes with the course's own kernels (the interpreter): every stage and peer has a
+    row, peers that cannot run here (Liger not installed, torch.compile replaced by a failing stand-in for one mode)
+    have the reason in `note`, and the ratios to each peer are filled where both were measured."""
+    from course.w39_kernel_fusion import bench as w39
+    for name, value in (("DEVICE", "cpu"), ("SIZES", ((3, 32), (4, 64))), ("AUTOTUNE_SIZE", (4, 64)),
+                        ("GEMM_SIZES", (32,)), ("ATTENTION_N", (16,)), ("PROJECTION_N", (16,)), ("TOKENS", 32),
+                        ("HEADS", 2), ("HEAD_DIM", 16)):
+        monkeypatch.setattr(w39, name, value)
+    monkeypatch.setattr(w39, "_compiled", lambda fn, mode=None: fn if mode is None else broken("no autotuning here"))
+    monkeypatch.setattr(w39, "_liger", lambda module, cls: broken(f"liger_kernel.ops.{module} not usable here"))
+    tiny = 1e-5  # ms: tiny shapes need tiny times for GB/s that survive rounding to 0.1
+    for name in ("kernel_ms", "call_ms"):
+        monkeypatch.setattr(w39.bench, name, lambda fn, *_, **__: (fn(), tiny)[1])
+    table = w39.run()
+
+    assert len(cpu_bench.read_text().splitlines()) == len(table)
+    assert not (table["kernel"] == "all").any(), table[table["kernel"] == "all"]["note"].tolist()
+    ew = table[table.part.str.startswith("elementwise")]
+    ours = ew[ew.kernel == ew.stage]
+    assert len(ours) == 2 * 2 * 13  # 2 dtypes, 2 sizes, 13 stages
+    cuda, triton = ours[ours.stage.str.startswith("cuda")], ours[~ours.stage.str.startswith("cuda")]
+    assert cuda["ms"].isna().all() and cuda["note"].str.contains("GPU").all()  # CUDA C runs on a GPU only
+    assert triton["ms"].notna().all() and triton["vs_torch"].eq(1.0).all() and triton["vs_compile"].eq(1.0).all()
+    liger = ew[ew.kernel.str.startswith("liger")]
+    assert len(liger) == 2 * 2 * 6 and liger["ms"].isna().all() and liger["note"].str.contains("not usable").all()
+    autotuned = ew[ew.kernel.str.startswith("max-autotune")]
+    assert set(zip(autotuned.dtype, autotuned.M)) == {("bfloat16", 4)} and autotuned["ms"].isna().all()
+    gelu = one(table, kernel="bias_gelu none", dtype="float32", M=4)
+    assert gelu["GB/s"] == round(w39.ref.stage_bytes("bias_gelu", 4, 64, 4) / tiny / 1e6, 1)
+    assert set(table[table.part == "attention"].stage) == {"rope", "alibi"}
+    assert set(table[table.part == "projection"].stage) == {"output projection", "qkv projection"}
+    rest = table[~table.part.str.startswith("elementwise")]
+    missing = rest[rest["TFLOP/s"].isna()]  # Liger (stood in by a failure), SDPA's efficient backend (GPU only)
+    assert set(missing.kernel) == {"liger rope + SDPA FlashAttention-2", "SDPA with a materialised ALiBi bias"}
+    assert missing["note"].str.contains("not usable here|No viable backend").all()
+    for kernel in ("rope_attention", "alibi_attention", "matmul_bias_gelu", "attention_output_projection",
+                   "qkv_rope_projection"):
+        assert rest[rest.kernel == kernel]["speedup"].notna().all(), kernel
