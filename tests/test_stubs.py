@@ -25,7 +25,7 @@ def test_every_exercise_region_is_a_stub_in_the_exercise_file_and_code_in_the_so
     for region in task.regions:
         assert not stubs.unfinished(getattr(solution, region)), region
         assert region in stub_text
-    assert hasattr(solution, exercise_id.split(".")[1])
+    assert hasattr(solution, task.entry)
 
 
 def test_markers_are_replaced_in_python_and_cuda():
