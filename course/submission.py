@@ -388,6 +388,10 @@ ATEN_FAMILIES = {
                            "_scaled_dot_product_flash_attention_for_cpu", "_flash_attention_forward",
                            "_efficient_attention_forward", "_scaled_dot_product_attention_math"),
     "matmul": ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "_addmm_activation", "einsum"),
+    "gelu": ("gelu", "gelu_backward"),
+    "silu": ("silu", "silu_backward"),
+    "tanh": ("tanh", "tanh_backward"),
+    "dropout": ("dropout", "native_dropout", "native_dropout_backward", "feature_dropout", "alpha_dropout"),
 }
 _MATMUL_NAMES = ("matmul", "bmm", "einsum", "__matmul__", "baddbmm", "mm")
 

@@ -3,6 +3,7 @@ import importlib.util
 
 import numpy as np
 import pytest
+import torch
 
 import course
 from course import grading, registry
@@ -214,6 +215,25 @@ def test_a_banned_operator_is_caught_at_the_dispatcher_whatever_its_name(cheat):
            "method": lambda x: torch.Tensor.softmax(x, -1)}[cheat]
     with pytest.raises(grading.GradingError, match="aten._softmax|write it yourself"):
         course.check("w33.triton_softmax", lambda x, out=None: out.copy_(run(x)) if out is not None else run(x))
+
+
+@pytest.mark.parametrize("exercise,cheat", [
+    ("w39.bias_gelu", lambda x, b: torch.ops.aten.gelu(x + b)),
+    ("w39.bias_gelu", lambda x, b: torch.Tensor.tanh(x + b)),
+    ("w39.bias_gelu", lambda x, b: torch.ops.aten.silu(x + b))])
+def test_an_activation_is_caught_at_the_dispatcher_whatever_its_name(exercise, cheat):
+    def bias_gelu(x, bias, approximate="none", out=None):
+        return out.copy_(cheat(x, bias))
+    with pytest.raises(grading.GradingError, match="write it yourself"):
+        course.check(exercise, bias_gelu)
+
+
+def test_dropout_is_caught_at_the_dispatcher_whatever_its_name():
+    def dropout_residual(x, residual, dy, p, seed, offset=0, out=None):
+        out.copy_(torch.ops.aten.native_dropout(x, p, True)[0] + residual)
+        return out, dy
+    with pytest.raises(grading.GradingError, match="write it yourself"):
+        course.check("w39.dropout_residual", dropout_residual)
 
 
 def test_a_reference_of_the_course_is_refused_whatever_name_it_has():
