@@ -9,8 +9,10 @@ would reject is rejected on a CPU too).
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +30,7 @@ import importlib.util, json, os, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-path, kernel, types, constexprs, warps, stages = json.loads(sys.argv[1])
+path, kernel, types, constexprs, warps, stages, aligned = json.loads(sys.argv[1])
 spec = importlib.util.spec_from_file_location("_ptx_module", path)
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -36,7 +38,8 @@ fn = getattr(module, kernel)
 signature = {name: types.get(name, "i32") for name in fn.arg_names}
 signature.update({name: "constexpr" for name in constexprs})
 source = ASTSource(fn=fn, signature=signature,
-                   constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()})
+                   constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()},
+                   attrs={(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 sys.stdout.write(compiled.asm["ptx"])
 """
@@ -59,10 +62,37 @@ def _ptx(args: str) -> str:
     return proc.stdout
 
 
-def hopper_ptx(week: str, kernel: str, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3) -> str:
+def hopper_ptx(week: str, kernel: str, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
+               aligned=None) -> str:
     """PTX of `kernel` from solutions/<week>.py compiled for sm_90. `types` gives the Triton type of pointer and
-    float arguments ("*bf16", "*fp32", "fp32"); the others are int32."""
-    return _ptx(json.dumps([str(ROOT / "solutions" / f"{week}.py"), kernel, types, constexprs, num_warps, num_stages]))
+    float arguments ("*bf16", "*fp32", "fp32"); the others are int32. `aligned` names the arguments that are multiples
+    of 16 (bytes for a pointer, elements for an integer), which a launch tells the compiler about the values it is given
+    (so it can use wide loads); by default every pointer, as for tensors PyTorch allocates."""
+    if aligned is None:
+        aligned = [name for name, kind in types.items() if kind.startswith("*")]
+    return _ptx(json.dumps([str(ROOT / "solutions" / f"{week}.py"), kernel, types, constexprs, num_warps, num_stages,
+                            sorted(aligned)]))
+
+
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+
+
+def hopper_sass(ptx: str) -> list[str]:
+    """The opcodes (with their modifiers: "LDG.E.128", "IMAD.HI.U32") of `ptx` assembled for sm_90a by the ptxas that
+    ships with Triton, in program order, padding NOPs left out: what the GPU executes, one line per instruction."""
+    import triton
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next((p for p in (tools / "ptxas-blackwell", tools / "ptxas") if p.exists()), None)
+    if ptxas is None or not (tools / "cuobjdump").exists():
+        raise RuntimeError(f"no ptxas and cuobjdump in {tools}")
+    with tempfile.TemporaryDirectory() as tmp:
+        source, cubin = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        source.write_text(ptx)
+        subprocess.run([str(ptxas), "--gpu-name", "sm_90a", str(source), "-o", str(cubin)], check=True,
+                       capture_output=True, timeout=120)
+        listing = subprocess.run([str(tools / "cuobjdump"), "-sass", str(cubin)], check=True, capture_output=True,
+                                 text=True, timeout=120).stdout
+    return [op + suffix for op, suffix in _SASS_LINE.findall(listing) if op != "NOP"]
 
 
 def instruction_counts(ptx: str) -> dict:

@@ -248,3 +248,18 @@ def test_byte_model_of_the_fusion():
     """Fused: x, residual read, h, y written (4MN elements). Unfused: 7MN elements and a one-byte mask."""
     assert ref.dropout_residual_norm_bytes(4, 1024, 2, fused=True) == 4 * 4 * 1024 * 2
     assert ref.dropout_residual_norm_bytes(4, 1024, 2, fused=False) == 7 * 4 * 1024 * 2 + 4 * 1024
+
+
+def test_the_compile_for_hopper_sees_the_alignment_a_launch_gives():
+    """course.triton_ptx compiles as the launcher does: with 16-aligned pointers and a 16-multiple length the
+    dropout kernel moves 16 bytes per load and store; told nothing, one element at a time."""
+    from course.triton_ptx import hopper_ptx, hopper_sass
+    types = {"x_ptr": "*bf16", "r_ptr": "*bf16", "y_ptr": "*bf16", "p": "fp32"}
+    try:
+        wide = hopper_sass(hopper_ptx("w39_kernel_fusion", "dropout_residual_kernel", types, {"BLOCK": 1024},
+                                      aligned=["x_ptr", "r_ptr", "y_ptr", "n_elements"]))
+        narrow = hopper_ptx("w39_kernel_fusion", "dropout_residual_kernel", types, {"BLOCK": 1024}, aligned=[])
+    except RuntimeError as exc:  # a Triton without the sm_90 toolchain
+        pytest.skip(str(exc))
+    assert {op for op in wide if op.startswith(("LDG", "STG"))} == {"LDG.E.128", "STG.E.128"}
+    assert "ld.global.b16" in narrow and "ld.global.v4" not in narrow

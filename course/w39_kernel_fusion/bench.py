@@ -80,7 +80,8 @@ def _dropout_residual_layernorm(x, r, w, b, p):
 
 def _grads(forward, inputs, upstream):
     """fn() computing the gradients of forward(*inputs) (tensors that need them: the float ones) for the upstream
-    gradients, the forward run once outside the timing; or a callable that raises why the forward failed."""
+    gradients of its first outputs (dropout + residual + LayerNorm: y's only, as the course's backward with dh=None),
+    the forward run once outside the timing; or a callable that raises why the forward failed."""
     import torch
     leaves = [t.detach().clone().requires_grad_() if isinstance(t, torch.Tensor) else t for t in inputs]
     try:
@@ -89,7 +90,8 @@ def _grads(forward, inputs, upstream):
         return peers._unavailable(f"forward failed: {bench.reason(exc)}")
     outs = out if isinstance(out, tuple) else (out,)
     wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-    return lambda: torch.autograd.grad(outs, wanted, upstream[:len(outs)], retain_graph=True, allow_unused=True)
+    # gradients flow from the outputs that have an upstream gradient (the first ones), as in the course's backward
+    return lambda: torch.autograd.grad(outs[:len(upstream)], wanted, upstream, retain_graph=True, allow_unused=True)
 
 
 def _with_peers(name, course_fn, forward, inputs, backward_of=False, upstream=None, liger=None, autotune=False):
@@ -162,7 +164,7 @@ def elementwise_cases(s, m, n, dtype, autotune):
     stages["dropout_residual_layernorm_backward"] = _with_peers(
         "dropout_residual_layernorm_backward",
         lambda: s.dropout_residual_layernorm_backward(dy, h, w, mean, rstd, P, SEED, 0),
-        _dropout_residual_layernorm, (x, r, w, b, P), backward_of=True, upstream=(dy, torch.zeros_like(dy)),
+        _dropout_residual_layernorm, (x, r, w, b, P), backward_of=True, upstream=(dy,),
         liger=liger_dropout_residual_layernorm, autotune=autotune)
     return stages
 
