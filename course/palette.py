@@ -35,17 +35,29 @@ FIXED = {
     "attention": "tab:blue", "tiled_matmul": "#3182bd",
     "flash_attention": "tab:blue", "flash_attn": "tab:blue", "tiled_attention": "#9ecae1",
     "cuda_flash_attention": "#6baed6", "tc_flash_attention": "#08519c",
+    "bias_gelu": "tab:blue", "bias_gelu_backward": "#3182bd", "cuda_bias_gelu": "#c6dbef", "swiglu": "#08519c",
+    "swiglu_backward": "#6baed6", "geglu": "#4292c6", "geglu_backward": "#9ecae1", "matmul_bias_gelu": "#2171b5",
+    "dropout_residual": "tab:blue", "dropout_residual_backward": "#6baed6", "dropout_residual_layernorm": "#08519c",
+    "dropout_residual_layernorm_backward": "#9ecae1", "rope_attention": "#08519c", "alibi_attention": "#6baed6",
+    "attention_output_projection": "#3182bd", "qkv_rope_projection": "#4292c6",
 }
+# A peer of any op, by its library's prefix ("torch.compile bias_gelu none", "liger swiglu"): the library's colour.
+FAMILIES = (("torch.compile", "tab:brown"), ("max-autotune", "#6b3d1a"), ("liger", "tab:purple"),
+            ("quack", "tab:green"), ("torch ", "tab:orange"), ("cuBLAS", "tab:olive"))
 _SPARE = ["#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66a61e", "#e6ab02", "#a6761d", "#666666",
           "#8dd3c7", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5", "#bc80bd"]
 
 
 def colour(name: str) -> str:
     """The colour of `name` on every plot of the course; a label that starts with a kernel's name ("triton_softmax
-    bf16 4096x1024", "layernorm: fp32") takes that kernel's colour."""
+    bf16 4096x1024", "layernorm: fp32") takes that kernel's colour, a peer named by its library's prefix that
+    library's colour."""
     if name in FIXED:
         return FIXED[name]
     for head in (name.split(":")[0].strip(), name.split(" ")[0]):
         if head in FIXED:
             return FIXED[head]
+    for prefix, family in FAMILIES:
+        if name.startswith(prefix):
+            return family
     return _SPARE[zlib.crc32(name.encode()) % len(_SPARE)]

@@ -24,3 +24,10 @@ def test_kernels_drawn_side_by_side_are_told_apart():
 
 def test_a_label_that_starts_with_a_kernel_takes_its_colour():
     assert colour("triton_softmax bf16 4096x1024") == colour("triton_softmax")
+
+
+def test_the_peers_of_an_op_take_their_librarys_colour():
+    together = ("dropout_residual", "torch dropout_residual", "torch.compile dropout_residual",
+                "max-autotune dropout_residual", "liger swiglu")
+    assert len({colour(k) for k in together}) == len(together)
+    assert colour("torch.compile bias_gelu none") == colour("torch.compile swiglu") == FIXED["torch.compile softmax"]
