@@ -77,22 +77,45 @@ def hopper_ptx(week: str, kernel: str, types: dict, constexprs: dict, num_warps:
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
-def hopper_sass(ptx: str) -> list[str]:
-    """The opcodes (with their modifiers: "LDG.E.128", "IMAD.HI.U32") of `ptx` assembled for sm_90a by the ptxas that
-    ships with Triton, in program order, padding NOPs left out: what the GPU executes, one line per instruction."""
+def _tools() -> Path:
+    """Triton's own CUDA tools: ptxas-blackwell is the assembler it uses for sm_90 (the older ptxas beside it may
+    reject the PTX version a newer Triton writes)."""
     import triton
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    ptxas = next((p for p in (tools / "ptxas-blackwell", tools / "ptxas") if p.exists()), None)
-    if ptxas is None or not (tools / "cuobjdump").exists():
+    if not (tools / "cuobjdump").exists() or not any((tools / n).exists() for n in ("ptxas-blackwell", "ptxas")):
         raise RuntimeError(f"no ptxas and cuobjdump in {tools}")
+    return tools
+
+
+def _assemble(ptx: str, folder: Path) -> tuple[Path, str]:
+    """(the cubin, ptxas's verbose report) of `ptx` assembled for sm_90a in `folder`."""
+    tools = _tools()
+    ptxas = tools / "ptxas-blackwell" if (tools / "ptxas-blackwell").exists() else tools / "ptxas"
+    source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
+    source.write_text(ptx)
+    done = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(source), "-o", str(cubin)], check=True,
+                          capture_output=True, text=True, timeout=120)
+    return cubin, done.stdout + done.stderr
+
+
+def hopper_sass(ptx: str) -> list[str]:
+    """The opcodes (with their modifiers: "LDG.E.128", "IMAD.HI.U32") of `ptx` assembled for sm_90a, in program
+    order, padding NOPs left out: what the GPU executes, one entry per instruction."""
     with tempfile.TemporaryDirectory() as tmp:
-        source, cubin = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
-        source.write_text(ptx)
-        subprocess.run([str(ptxas), "--gpu-name", "sm_90a", str(source), "-o", str(cubin)], check=True,
-                       capture_output=True, timeout=120)
-        listing = subprocess.run([str(tools / "cuobjdump"), "-sass", str(cubin)], check=True, capture_output=True,
+        cubin, _ = _assemble(ptx, Path(tmp))
+        listing = subprocess.run([str(_tools() / "cuobjdump"), "-sass", str(cubin)], check=True, capture_output=True,
                                  text=True, timeout=120).stdout
     return [op + suffix for op, suffix in _SASS_LINE.findall(listing) if op != "NOP"]
+
+
+def hopper_resources(ptx: str) -> dict:
+    """What ptxas reports for `ptx` on sm_90a: registers per thread, bytes spilled to local memory (stores, loads)
+    and the stack frame."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _, report = _assemble(ptx, Path(tmp))
+    number = lambda pattern: int(m.group(1)) if (m := re.search(pattern, report)) else 0  # noqa: E731
+    return {"registers": number(r"Used (\d+) registers"), "spill stores": number(r"(\d+) bytes spill stores"),
+            "spill loads": number(r"(\d+) bytes spill loads"), "stack frame": number(r"(\d+) bytes stack frame")}
 
 
 def instruction_counts(ptx: str) -> dict:

@@ -253,7 +253,7 @@ def test_byte_model_of_the_fusion():
 def test_the_compile_for_hopper_sees_the_alignment_a_launch_gives():
     """course.triton_ptx compiles as the launcher does: with 16-aligned pointers and a 16-multiple length the
     dropout kernel moves 16 bytes per load and store; told nothing, one element at a time."""
-    from course.triton_ptx import hopper_ptx, hopper_sass
+    from course.triton_ptx import hopper_ptx, hopper_resources, hopper_sass
     types = {"x_ptr": "*bf16", "r_ptr": "*bf16", "y_ptr": "*bf16", "p": "fp32"}
     try:
         wide = hopper_sass(hopper_ptx("w39_kernel_fusion", "dropout_residual_kernel", types, {"BLOCK": 1024},
@@ -263,3 +263,5 @@ def test_the_compile_for_hopper_sees_the_alignment_a_launch_gives():
         pytest.skip(str(exc))
     assert {op for op in wide if op.startswith(("LDG", "STG"))} == {"LDG.E.128", "STG.E.128"}
     assert "ld.global.b16" in narrow and "ld.global.v4" not in narrow
+    report = hopper_resources(narrow)
+    assert 0 < report["registers"] <= 255 and report["spill stores"] == 0
