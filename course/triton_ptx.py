@@ -74,7 +74,7 @@ def hopper_ptx(week: str, kernel: str, types: dict, constexprs: dict, num_warps:
                             sorted(aligned)]))
 
 
-_SASS_LINE = re.compile(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
 def _tools() -> Path:
@@ -93,7 +93,8 @@ def _assemble(ptx: str, folder: Path) -> tuple[Path, str]:
     ptxas = tools / "ptxas-blackwell" if (tools / "ptxas-blackwell").exists() else tools / "ptxas"
     source, cubin = folder / "kernel.ptx", folder / "kernel.cubin"
     source.write_text(ptx)
-    done = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(source), "-o", str(cubin)], check=True,
+    flags = ["-lineinfo", "-v", "--regAllocOptLevel=2"]  # as Triton's own build for sm_90 calls it
+    done = subprocess.run([str(ptxas), *flags, "--gpu-name=sm_90a", str(source), "-o", str(cubin)], check=True,
                           capture_output=True, text=True, timeout=120)
     return cubin, done.stdout + done.stderr
 
