@@ -39,7 +39,8 @@ signature = {name: types.get(name, "i32") for name in fn.arg_names}
 signature.update({name: "constexpr" for name in constexprs})
 source = ASTSource(fn=fn, signature=signature,
                    constexprs={(fn.arg_names.index(name),): value for name, value in constexprs.items()},
-                   attrs={(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned})
+                   attrs={(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned
+                          if name in fn.arg_names})
 compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 sys.stdout.write(compiled.asm["ptx"])
 """

@@ -130,7 +130,7 @@ def matmul_bias_gelu_cost(m: int, n: int, k: int, itemsize: int) -> dict:
 # ---------------------------------------------------------------- day 3-4: Philox, dropout + residual (+ norm)
 # Philox4x32-10: Salmon, Moraes, Dror, Shaw, "Parallel Random Numbers: As Easy as 1, 2, 3" (SC 2011). A counter of
 # four 32-bit words goes through ten rounds keyed by two words; Triton's tl.rand(seed, offset) keys it with the
-# seed's low and high words and counts with the offset's, and maps the first output word to [0, 1).
+# low and high words of the seed and counts with those of the offset, and maps the first output word to [0, 1).
 PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)  # the round's two multipliers (the paper's M0, M1)
 PHILOX_KEY_STEPS = (0x9E3779B9, 0xBB67AE85)    # the key's increment per round: golden ratio, sqrt(3) - 1
 _WORD = np.uint64(0xFFFFFFFF)
@@ -158,8 +158,8 @@ def philox4x32(counter, key, rounds: int = 10):
 
 
 def philox_uniform(seed: int, offsets) -> np.ndarray:
-    """float32 draws in [0, 1), bit for bit what Triton's `tl.rand(seed, offsets)` returns. The seed's low and high
-    words are the key; each offset's low and high words are the counter's first two words (the other two are 0);
+    """float32 draws in [0, 1), bit for bit what Triton's `tl.rand(seed, offsets)` returns. The low and high words
+    of the seed are the key; each offset's low and high words are the counter's first two words (the other two are 0);
     the first output word, read as an int32 and folded onto [0, 2^31) (x < 0 becomes ~x, which Triton 3.6 writes
     as -x - 1: the same int32), is scaled by just under 2^-31 in float32."""
     seed = int(seed)
