@@ -166,7 +166,7 @@ def bias_gelu_backward_kernel(x_ptr, b_ptr, dy_ptr, dx_ptr, part_ptr, n_rows, n_
     b = tl.load(b_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
     first = tl.program_id(0) * rows_per_program
     last = tl.minimum(first + rows_per_program, n_rows)
-    column_sums = tl.zeros([BLOCK], tl.float32)
+    column_sums = tl.zeros([BLOCK, BLOCK], tl.float32)  # per-thread running sums: one cross-warp sum, at the end
     for start in tl.range(first, last, BLOCK, num_stages=STAGES):  # the next tiles' loads start early
         rows = start + tl.arange(0, BLOCK)
         mask = (rows[:, None] < last) & col_mask[None, :]
@@ -176,10 +176,10 @@ def bias_gelu_backward_kernel(x_ptr, b_ptr, dy_ptr, dx_ptr, part_ptr, n_rows, n_
         dx = dy * gelu_grad(x + b[None, :], TANH)  # masked lanes have dy = 0, so dx = 0 there
         tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         ### BEGIN SOLUTION
-        column_sums += tl.sum(dx, axis=0)
+        column_sums += dx
         ### END SOLUTION
     ### BEGIN SOLUTION
-    tl.store(part_ptr + tl.program_id(0) * n_cols + cols, column_sums, mask=col_mask)
+    tl.store(part_ptr + tl.program_id(0) * n_cols + cols, tl.sum(column_sums, axis=0), mask=col_mask)
     ### END SOLUTION
 
 
@@ -481,9 +481,12 @@ def matmul_bias_gelu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, appro
 
 
 # ---------------------------------------------------------------- day 3: dropout + residual with a counter-based RNG
-# Dropout's mask is never stored: element i draws u = tl.rand(seed, offset + i) (Philox4x32-10, a pure function of
-# the seed and the counter), is kept where u >= p and scaled by 1 / (1 - p); the backward draws the same u again.
-DROPOUT_BLOCK = 1024 if ON_GPU else 4096  # elements per program (the interpreter pays per program, not per element)
+# Dropout's mask is never stored: element i takes draw u = offset + i of the seed's stream (Philox4x32-10, a pure
+# function of the seed and the counter), is kept where u >= p and scaled by 1 / (1 - p); the backward draws the same
+# u again. One Philox call gives four 32-bit words: draw g is word g % 4 of counter g // 4, so a block of draws costs
+# a quarter of the Philox rounds that tl.rand (one word per call) would.
+DROPOUT_BLOCK = 2048 if ON_GPU else 4096  # elements per program (the interpreter pays per program, not per element)
+DROPOUT_WARPS = 4
 SEED_LIMIT = 2 ** 63  # seeds and counters are non-negative int64
 FLOATS = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -516,53 +519,79 @@ def _check_dropout(op: str, numel: int, p, seed, offset) -> None:
 
 
 @triton.jit
-def dropout_block(x, seed, counters, p):
-    # Inverted dropout of a float32 block: x / (1 - p) where the element's draw tl.rand(seed, counters) >= p, else
-    # 0. The draw is a pure function of (seed, counter), so the same arguments give the same mask in any pass.
+def philox_draws(seed, first, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    # BLOCK float32 draws in [0, 1): draws first, first + 1, ... of the seed's stream, draw g being word g % 4 of
+    # Philox4x32-10 at counter g // 4. ALIGNED (first a multiple of 4): one Philox per four draws, its words
+    # interleaved into the block. Otherwise each draw runs its counter's Philox and keeps its own word.
+    if ALIGNED:
+        u0, u1, u2, u3 = tl.rand4x(seed, first // 4 + tl.arange(0, BLOCK // 4))
+        u = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [BLOCK])  # [k, j, i] is draw 4k + 2j + i
+    else:
+        g = first + tl.arange(0, BLOCK)
+        u0, u1, u2, u3 = tl.rand4x(seed, g // 4)
+        word = g % 4
+        u = tl.where(word == 0, u0, tl.where(word == 1, u1, tl.where(word == 2, u2, u3)))
+    return u
+
+
+def _aligned(*counts: int) -> bool:
+    """philox_draws' ALIGNED: every block of draws starts at a multiple of 4 (an offset and a row length that are)."""
+    return all(count % 4 == 0 for count in counts)
+
+
+@triton.jit
+def dropout_block(x, u, p):
+    # Inverted dropout of a float32 block with its draws u (philox_draws): x / (1 - p) where u >= p, else 0. The
+    # draws are a pure function of (seed, position), so the same arguments give the same mask in any pass.
     ### BEGIN SOLUTION
-    keep = tl.rand(seed, counters) >= p
+    keep = u >= p
     dropped = tl.where(keep, x * (1.0 / (1.0 - p)), 0.0)
     ### END SOLUTION
     return dropped
 
 
 @triton.jit
-def dropout_residual_kernel(x_ptr, r_ptr, y_ptr, n_elements, p, seed, offset, BLOCK: tl.constexpr):
-    # One program per BLOCK elements of the flat tensor: y = residual + dropout(x), element i drawing at counter
+def dropout_residual_kernel(x_ptr, r_ptr, y_ptr, n_elements, p, seed, offset, BLOCK: tl.constexpr,
+                            ALIGNED: tl.constexpr):
+    # One program per BLOCK elements of the flat tensor: y = residual + dropout(x), element i taking draw
     # offset + i. Reads 2N, writes N; the mask is never stored.
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    i = start + tl.arange(0, BLOCK)
     inside = i < n_elements
     x = tl.load(x_ptr + i, mask=inside, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + i, mask=inside, other=0.0).to(tl.float32)
     ### BEGIN SOLUTION
-    y = r + dropout_block(x, seed, offset + i, p)
+    y = r + dropout_block(x, philox_draws(seed, offset + start, BLOCK, ALIGNED), p)
     ### END SOLUTION
     tl.store(y_ptr + i, y.to(y_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def dropout_residual_backward_kernel(dy_ptr, dx_ptr, n_elements, p, seed, offset, BLOCK: tl.constexpr):
+def dropout_residual_backward_kernel(dy_ptr, dx_ptr, n_elements, p, seed, offset, BLOCK: tl.constexpr,
+                                     ALIGNED: tl.constexpr):
     # One program per BLOCK elements: dx = dropout(dy) with the forward's mask, drawn again at the forward's
-    # counters instead of read back. Reads N, writes N (the residual's gradient is dy itself).
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    # positions of the stream instead of read back. Reads N, writes N (the residual's gradient is dy itself).
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    i = start + tl.arange(0, BLOCK)
     inside = i < n_elements
     dy = tl.load(dy_ptr + i, mask=inside, other=0.0).to(tl.float32)
     ### BEGIN SOLUTION
-    dx = dropout_block(dy, seed, offset + i, p)
+    dx = dropout_block(dy, philox_draws(seed, offset + start, BLOCK, ALIGNED), p)
     ### END SOLUTION
     tl.store(dx_ptr + i, dx.to(dx_ptr.dtype.element_ty), mask=inside)
 
 
 def dropout_residual_forward(x: torch.Tensor, residual: torch.Tensor, p: float, seed: int, offset: int = 0,
                              out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = residual + dropout(x): element i of the flat tensor is kept where tl.rand(seed, offset + i) >= p and
-    scaled by 1 / (1 - p). The same (seed, offset) gives the same mask, in the backward or on another GPU."""
+    """y = residual + dropout(x): element i of the flat tensor is kept where draw offset + i of the seed's stream
+    (philox_draws) is >= p, and scaled by 1 / (1 - p). The same (seed, offset) gives the same mask, in the backward
+    or on another GPU. An offset that is a multiple of 4 draws four elements per Philox call (the fast path)."""
     _check_tensor("dropout_residual_forward", "x", x)
     _check_tensor("dropout_residual_forward", "residual", residual, like=x)
     _check_dropout("dropout_residual_forward", x.numel(), p, seed, offset)
     _, _, out, _, _ = prepare_rows(x, out, "dropout_residual_forward")
     launch(dropout_residual_kernel, (triton.cdiv(x.numel(), DROPOUT_BLOCK),), x, residual, out, x.numel(), float(p),
-           int(seed), int(offset), BLOCK=DROPOUT_BLOCK, num_warps=4)
+           int(seed), int(offset), BLOCK=DROPOUT_BLOCK, ALIGNED=_aligned(offset), num_warps=DROPOUT_WARPS)
     return out
 
 
@@ -574,7 +603,7 @@ def dropout_residual_backward(dy: torch.Tensor, p: float, seed: int, offset: int
     _check_dropout("dropout_residual_backward", dy.numel(), p, seed, offset)
     _, _, out, _, _ = prepare_rows(dy, out, "dropout_residual_backward")
     launch(dropout_residual_backward_kernel, (triton.cdiv(dy.numel(), DROPOUT_BLOCK),), dy, out, dy.numel(),
-           float(p), int(seed), int(offset), BLOCK=DROPOUT_BLOCK, num_warps=4)
+           float(p), int(seed), int(offset), BLOCK=DROPOUT_BLOCK, ALIGNED=_aligned(offset), num_warps=DROPOUT_WARPS)
     return out
 
 
@@ -592,32 +621,38 @@ NORM_EPS = 1e-5
 NORM_MAX_COLS = 65536  # the fused norms hold a whole row in one block
 
 
+NORM_BACKWARD_STAGES = 3  # the fused backward's row loop pipelined: the next rows' loads start early (H200: 0.56 -> 0.63-0.76 of the copy)
+ROW_WARP_ELEMENTS = 512  # the fused norms' rows: one warp per 512 elements (16 float32 values per thread and array)
+
+
 @functools.lru_cache(maxsize=1024)
-def _row_launch(n_cols: int, element_size: int, op: str) -> tuple[int, int]:
-    """(BLOCK, num_warps) of a one-program-per-row kernel: the whole row in one block, 4 KB of it per warp, 4 to 16
-    warps (week 34's layernorm rule)."""
+def _row_launch(n_cols: int, op: str) -> tuple[int, int]:
+    """(BLOCK, num_warps) of a one-program-per-row kernel: the whole row in one block, one warp per 512 of its
+    elements, 4 to 16 warps. The fused norms keep several float32 copies of the row live (x, r, h, w, b; the backward
+    also dy, x̂ and its dweight and dbias sums), so they take more warps than week 34's norms (one per 4 KB): at
+    8192 columns 16 warps hold the backward in 119 registers a thread, where 4 warps spill."""
     if n_cols > NORM_MAX_COLS:
         raise ValueError(f"{op}: rows of {n_cols} columns do not fit one block (at most {NORM_MAX_COLS})")
     block = triton.next_power_of_2(n_cols)
-    return block, max(4, min(16, block * element_size // 4096))
+    return block, max(4, min(16, block // ROW_WARP_ELEMENTS))
 
 
 @triton.jit
 def dropout_residual_layernorm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, mean_ptr, rstd_ptr, n_cols, p,
-                                      seed, offset, eps, BLOCK: tl.constexpr):
+                                      seed, offset, eps, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     # One program per row: h = residual + dropout(x), stored (the next layer's residual stream), then
     # y = LayerNorm(h)·w + b from the float32 h still in registers, and the row's mean and rstd (float32, for the
     # backward). Reads 2MN, writes 2MN + 2M; as three ops (dropout, add, norm) the same work moves 7MN and a mask.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < n_cols
-    flat = row * n_cols + cols  # the element's index in the flat tensor: its draw is tl.rand(seed, offset + flat)
+    flat = row * n_cols + cols  # the element's index in the flat tensor: it takes draw offset + flat
     w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + flat, mask=inside, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + flat, mask=inside, other=0.0).to(tl.float32)
     ### BEGIN SOLUTION
-    h = r + dropout_block(x, seed, offset + flat, p)
+    h = r + dropout_block(x, philox_draws(seed, offset + row * n_cols, BLOCK, ALIGNED), p)
     tl.store(h_ptr + flat, h.to(h_ptr.dtype.element_ty), mask=inside)
     mean = tl.sum(h, axis=0) / n_cols
     centred = tl.where(inside, h - mean, 0.0)
@@ -630,7 +665,7 @@ def dropout_residual_layernorm_kernel(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, h_ptr, 
 
 @triton.jit
 def dropout_residual_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr, n_cols, p, seed, offset, eps,
-                                    BLOCK: tl.constexpr):
+                                    BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     # dropout_residual_layernorm_kernel with RMSNorm (week 34): y = h·rstd·w, rstd = 1 / sqrt(mean(h²) + eps), no
     # mean and no bias. Reads 2MN, writes 2MN + M.
     row = tl.program_id(0).to(tl.int64)
@@ -640,7 +675,7 @@ def dropout_residual_rmsnorm_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, rstd_ptr,
     w = tl.load(w_ptr + cols, mask=inside, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + flat, mask=inside, other=0.0).to(tl.float32)
     r = tl.load(r_ptr + flat, mask=inside, other=0.0).to(tl.float32)
-    h = r + dropout_block(x, seed, offset + flat, p)
+    h = r + dropout_block(x, philox_draws(seed, offset + row * n_cols, BLOCK, ALIGNED), p)
     tl.store(h_ptr + flat, h.to(h_ptr.dtype.element_ty), mask=inside)
     rstd = 1.0 / tl.sqrt(tl.sum(h * h, axis=0) / n_cols + eps)
     tl.store(y_ptr + flat, (h * rstd * w).to(y_ptr.dtype.element_ty), mask=inside)
@@ -672,14 +707,15 @@ def dropout_residual_layernorm(x: torch.Tensor, residual: torch.Tensor, weight: 
                                p: float, seed: int, offset: int = 0, eps: float = NORM_EPS,
                                out: torch.Tensor | None = None):
     """h = residual + dropout(x) and y = LayerNorm(h)·weight + bias over the last dimension, in one pass (the mask
-    is dropout_residual's: element i of the flat tensor draws tl.rand(seed, offset + i)). The norm reads the
+    is dropout_residual's: element i of the flat tensor takes draw offset + i). The norm reads the
     float32 h, before it is rounded for storage. Returns (y, h, mean, rstd); mean and rstd are float32, per row."""
     _check_norm("dropout_residual_layernorm", x, residual, p, seed, offset, weight=weight, bias=bias)
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "dropout_residual_layernorm")
     h, mean, rstd = torch.empty_like(x), _row_stats(x), _row_stats(x)
-    block, warps = _row_launch(n_cols, x.element_size(), "dropout_residual_layernorm")
+    block, warps = _row_launch(n_cols, "dropout_residual_layernorm")
     launch(dropout_residual_layernorm_kernel, (n_rows,), x2, residual, weight, bias, out2, h, mean, rstd, n_cols,
-           float(p), int(seed), int(offset), float(eps), BLOCK=block, num_warps=warps)
+           float(p), int(seed), int(offset), float(eps), BLOCK=block, ALIGNED=_aligned(offset, n_cols),
+           num_warps=warps)
     return out, h, mean, rstd
 
 
@@ -689,16 +725,17 @@ def dropout_residual_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: to
     _check_norm("dropout_residual_rmsnorm", x, residual, p, seed, offset, weight=weight)
     x2, out2, out, n_rows, n_cols = prepare_rows(x, out, "dropout_residual_rmsnorm")
     h, rstd = torch.empty_like(x), _row_stats(x)
-    block, warps = _row_launch(n_cols, x.element_size(), "dropout_residual_rmsnorm")
+    block, warps = _row_launch(n_cols, "dropout_residual_rmsnorm")
     launch(dropout_residual_rmsnorm_kernel, (n_rows,), x2, residual, weight, out2, h, rstd, n_cols, float(p),
-           int(seed), int(offset), float(eps), BLOCK=block, num_warps=warps)
+           int(seed), int(offset), float(eps), BLOCK=block, ALIGNED=_aligned(offset, n_cols), num_warps=warps)
     return out, h, rstd
 
 
 @triton.jit
 def dropout_residual_layernorm_backward_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dr_ptr,
                                                part_ptr, n_rows, n_cols, rows_per_program, p, seed, offset,
-                                               BLOCK: tl.constexpr, HAS_DH: tl.constexpr):
+                                               BLOCK: tl.constexpr, HAS_DH: tl.constexpr, ALIGNED: tl.constexpr,
+                                               STAGES: tl.constexpr):
     # Program q owns rows [q·R, q·R + R). Per row: the gradient reaching h is the norm's dx (week 34's formula,
     # from the stored h, mean and rstd) plus dh, the gradient h receives as the residual stream; that is the
     # residual's gradient, and through the mask drawn again x's. dy·x̂ and dy add into the program's partial rows
@@ -710,7 +747,7 @@ def dropout_residual_layernorm_backward_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mea
     dw = tl.zeros([BLOCK], tl.float32)
     db = tl.zeros([BLOCK], tl.float32)
     first = pid * rows_per_program
-    for k in range(0, tl.minimum(rows_per_program, n_rows - first)):
+    for k in tl.range(0, tl.minimum(rows_per_program, n_rows - first), num_stages=STAGES):  # next row loads early
         row = (first + k).to(tl.int64)
         flat = row * n_cols + cols
         dy = tl.load(dy_ptr + flat, mask=inside, other=0.0).to(tl.float32)
@@ -724,7 +761,7 @@ def dropout_residual_layernorm_backward_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mea
         if HAS_DH:
             dh += tl.load(dh_ptr + flat, mask=inside, other=0.0).to(tl.float32)
         tl.store(dr_ptr + flat, dh.to(dr_ptr.dtype.element_ty), mask=inside)
-        dx = dropout_block(dh, seed, offset + flat, p)  # the forward's mask, drawn again
+        dx = dropout_block(dh, philox_draws(seed, offset + row * n_cols, BLOCK, ALIGNED), p)  # the forward's mask
         tl.store(dx_ptr + flat, dx.to(dx_ptr.dtype.element_ty), mask=inside)
         dw += dy * xhat
         db += dy
@@ -733,9 +770,10 @@ def dropout_residual_layernorm_backward_kernel(dy_ptr, dh_ptr, h_ptr, w_ptr, mea
 
 
 @functools.cache
-def _programs(device: torch.device) -> int:
-    """Programs of a row-loop kernel: two per SM on a GPU, 3 on CPU (so the partial rows still need summing)."""
-    return 2 * torch.cuda.get_device_properties(device).multi_processor_count if ON_GPU else 3
+def _programs(device: torch.device, warps: int) -> int:
+    """Programs of a row-loop kernel of `warps` warps: as many as fit on the GPU at once (two per SM, one where a
+    program has 16 warps and about 120 registers a thread), 3 on CPU (so the partial rows still need summing)."""
+    return (2 if warps < 16 else 1) * torch.cuda.get_device_properties(device).multi_processor_count if ON_GPU else 3
 
 
 def dropout_residual_layernorm_backward(dy: torch.Tensor, h: torch.Tensor, weight: torch.Tensor,
@@ -756,14 +794,15 @@ def dropout_residual_layernorm_backward(dy: torch.Tensor, h: torch.Tensor, weigh
     for name, stat in (("mean", mean), ("rstd", rstd)):
         if not isinstance(stat, torch.Tensor) or stat.numel() != n_rows or stat.dtype != torch.float32:
             raise ValueError(f"{op}: {name} must hold one float32 value per row ({n_rows}), as the forward saved it")
-    rows_per_program = triton.cdiv(n_rows, min(_programs(h.device), n_rows))
+    block, warps = _row_launch(n_cols, op)
+    rows_per_program = triton.cdiv(n_rows, min(_programs(h.device, warps), n_rows))
     n_parts = triton.cdiv(n_rows, rows_per_program)
     dx, dresidual = torch.empty_like(h), torch.empty_like(h)
     parts = torch.empty((n_parts, 2 * n_cols), dtype=torch.float32, device=h.device)
-    block, warps = _row_launch(n_cols, h.element_size(), op)
     launch(dropout_residual_layernorm_backward_kernel, (n_parts,), dy, h if dh is None else dh, h, weight,
            mean.contiguous(), rstd.contiguous(), dx, dresidual, parts, n_rows, n_cols, rows_per_program, float(p),
-           int(seed), int(offset), BLOCK=block, HAS_DH=dh is not None, num_warps=warps)
+           int(seed), int(offset), BLOCK=block, HAS_DH=dh is not None, ALIGNED=_aligned(offset, n_cols),
+           STAGES=NORM_BACKWARD_STAGES, num_warps=warps)
     sums = parts.sum(dim=0).to(weight.dtype)  # stage 2 (week 34's weight_grad_kernel does it in Triton)
     return dx, dresidual, sums[:n_cols], sums[n_cols:]
 

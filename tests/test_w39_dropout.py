@@ -1,6 +1,6 @@
 """Week 39, days 3-4: Philox dropout and its fusions, beyond what the graders check.
 
-The NumPy Philox against the Random123 known answers and against Triton's own tl.rand, bit for bit; the dropout mask's
+The NumPy Philox against the Random123 known answers and against Triton's own tl.rand4x, bit for bit; the dropout mask's
 statistics (keep rate, independence across neighbours, rows, offsets and seeds) and reproducibility; p = 0 exactly
 x + residual; the launchers' errors; the RMSNorm flavour; the fused backward of dropout + residual + LayerNorm and its
 autograd.Function against torch autograd of the composition with the same mask. Runs on CPU (interpreter) or GPU."""
@@ -18,23 +18,38 @@ from course.w39_kernel_fusion import reference as ref
 from solutions import w39_kernel_fusion as s
 
 SEEDS = (0, 1, 2 ** 31 - 1, 2 ** 32 + 7, 2 ** 62 + 11)                # the key's high word 0 and not
-OFFSETS = (0, 5, 2 ** 31 - 1000, 2 ** 32 - 500, 2 ** 40 + 3)           # counters that cross 2^31 and 2^32
+OFFSETS = (0, 5, 2 ** 33 - 1000, 2 ** 34 - 500, 2 ** 34 - 999, 2 ** 42 + 3)  # counters (draw // 4) crossing 2^31, 2^32
 SIGMAS = 5  # statistical bounds at 5 standard deviations: a false alarm about once in 3.5 million runs
 
 
 @triton.jit
-def _draws_kernel(out_ptr, n, seed, offset, BLOCK: tl.constexpr, WIDE: tl.constexpr):
-    # One program per BLOCK draws: out[i] = tl.rand(seed, offset + i), i an int64 (WIDE) or an int32 index.
-    if WIDE:
-        i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    else:
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + i, tl.rand(seed, offset + i), mask=i < n)
+def _draws_kernel(out_ptr, n, seed, offset, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    # One program per BLOCK draws: out[i] = draw offset + i of the course's stream (philox_draws).
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    i = start + tl.arange(0, BLOCK)
+    tl.store(out_ptr + i, s.philox_draws(seed, offset + start, BLOCK, ALIGNED), mask=i < n)
 
 
-def _triton_draws(seed: int, offset: int, n: int, wide: bool = True) -> np.ndarray:
+@triton.jit
+def _rand4x_kernel(out_ptr, n, seed, first, BLOCK: tl.constexpr):
+    # Triton's own generator, no course code: out[4k + w] = word w of tl.rand4x(seed, first + k).
+    k = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    u0, u1, u2, u3 = tl.rand4x(seed, first + k)
+    tl.store(out_ptr + 4 * k, u0, mask=4 * k < n)
+    tl.store(out_ptr + 4 * k + 1, u1, mask=4 * k + 1 < n)
+    tl.store(out_ptr + 4 * k + 2, u2, mask=4 * k + 2 < n)
+    tl.store(out_ptr + 4 * k + 3, u3, mask=4 * k + 3 < n)
+
+
+def _triton_draws(seed: int, offset: int, n: int, aligned: bool) -> np.ndarray:
     out = torch.empty(n, dtype=torch.float32, device=DEVICE)
-    _draws_kernel[(triton.cdiv(n, 1024),)](out, n, seed, offset, BLOCK=1024, WIDE=wide)
+    _draws_kernel[(triton.cdiv(n, 1024),)](out, n, seed, offset, BLOCK=1024, ALIGNED=aligned)
+    return out.cpu().numpy()
+
+
+def _rand4x(seed: int, first: int, n: int) -> np.ndarray:
+    out = torch.empty(n, dtype=torch.float32, device=DEVICE)
+    _rand4x_kernel[(triton.cdiv(n, 4 * 256),)](out, n, seed, first, BLOCK=256)
     return out.cpu().numpy()
 
 
@@ -74,15 +89,19 @@ def test_philox_matches_the_random123_known_answers():
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_philox_uniform_is_tl_rand_bit_for_bit(seed):
-    """Three blocks of draws from every offset, with int64 indices and (offsets below 2^31) int32 ones, whose
-    counters wrap past 2^31 exactly as the uint32 counter word does."""
+def test_philox_uniform_is_tl_rand4x_bit_for_bit(seed):
+    """Draw g is word g % 4 of Triton's tl.rand4x(seed, g // 4): the reference against Triton's generator itself,
+    and the kernels' philox_draws (both paths: blocks starting at a multiple of 4, and anywhere) against the
+    reference, three blocks of draws from offsets whose counters cross 2^31 and 2^32."""
     n = 2100
     for offset in OFFSETS:
         expected = _bits(ref.philox_uniform(seed, np.uint64(offset) + np.arange(n, dtype=np.uint64)))
-        assert np.array_equal(_bits(_triton_draws(seed, offset, n)), expected), (seed, offset)
-        if offset < 2 ** 31:
-            assert np.array_equal(_bits(_triton_draws(seed, offset, n, wide=False)), expected), (seed, offset)
+        aligned = offset - offset % 4
+        assert np.array_equal(_bits(_rand4x(seed, aligned // 4, n)),
+                              _bits(ref.philox_uniform(seed, np.uint64(aligned) + np.arange(n, dtype=np.uint64))))
+        assert np.array_equal(_bits(_triton_draws(seed, offset, n, aligned=False)), expected), (seed, offset)
+        if offset % 4 == 0:
+            assert np.array_equal(_bits(_triton_draws(seed, offset, n, aligned=True)), expected), (seed, offset)
 
 
 def test_philox_uniform_lies_in_the_unit_interval_and_is_uniform():

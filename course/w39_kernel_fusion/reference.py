@@ -3,8 +3,9 @@
 Conventions, one throughout the week:
 - elementwise ops act on (..., n) arrays; a bias is an (n,) vector added along the last axis (one per column);
 - dropout keeps an element where its uniform draw u satisfies u >= p and scales a kept element by 1 / (1 - p);
-  the draw of element i (flat index in the contiguous (rows, n) layout) is Philox4x32-10 at counter offset + i,
-  exactly what Triton's `tl.rand(seed, offset + i)` returns, so the reference reproduces the kernel's mask bit for bit;
+  element i (flat index in the contiguous (rows, n) layout) takes draw g = offset + i of the seed's stream, where
+  draw g is word g % 4 of Philox4x32-10 at counter g // 4 (what Triton's `tl.rand4x(seed, g // 4)` returns), so the
+  reference reproduces the kernel's mask bit for bit;
 - RoPE uses the "rotate half" layout of week 35 (pairs (x_c, x_{c + d/2})), ALiBi week 35's slopes and sign.
 """
 import math
@@ -129,8 +130,9 @@ def matmul_bias_gelu_cost(m: int, n: int, k: int, itemsize: int) -> dict:
 
 # ---------------------------------------------------------------- day 3-4: Philox, dropout + residual (+ norm)
 # Philox4x32-10: Salmon, Moraes, Dror, Shaw, "Parallel Random Numbers: As Easy as 1, 2, 3" (SC 2011). A counter of
-# four 32-bit words goes through ten rounds keyed by two words; Triton's tl.rand(seed, offset) keys it with the
-# low and high words of the seed and counts with those of the offset, and maps the first output word to [0, 1).
+# four 32-bit words goes through ten rounds keyed by two words; Triton's tl.rand4x(seed, counter) keys it with the
+# low and high words of the seed, counts with those of the counter, and maps each of the four output words to [0, 1).
+# The week's stream of draws uses all four: draw g is word g % 4 of counter g // 4 (tl.rand(seed, c) is word 0 only).
 PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)  # the round's two multipliers (the paper's M0, M1)
 PHILOX_KEY_STEPS = (0x9E3779B9, 0xBB67AE85)    # the key's increment per round: golden ratio, sqrt(3) - 1
 _WORD = np.uint64(0xFFFFFFFF)
@@ -157,25 +159,28 @@ def philox4x32(counter, key, rounds: int = 10):
     return c0, c1, c2, c3
 
 
-def philox_uniform(seed: int, offsets) -> np.ndarray:
-    """float32 draws in [0, 1), bit for bit what Triton's `tl.rand(seed, offsets)` returns. The low and high words
-    of the seed are the key; each offset's low and high words are the counter's first two words (the other two are 0);
-    the first output word, read as an int32 and folded onto [0, 2^31) (x < 0 becomes ~x, which Triton 3.6 writes
-    as -x - 1: the same int32), is scaled by just under 2^-31 in float32."""
+def philox_uniform(seed: int, draws) -> np.ndarray:
+    """float32 draws in [0, 1) at the given positions of the seed's stream, bit for bit what the kernels draw:
+    draw g is word g % 4 of Philox4x32-10 at counter g // 4, as Triton's `tl.rand4x(seed, g // 4)` returns it. The
+    low and high words of the seed are the key; the counter's low and high words are its first two words (the other
+    two are 0); the word, read as an int32 and folded onto [0, 2^31) (x < 0 becomes ~x, which Triton writes as
+    -x - 1: the same int32), is scaled by just under 2^-31 in float32."""
     seed = int(seed)
     if not 0 <= seed < SEED_LIMIT:
         raise ValueError(f"philox_uniform: the seed must be in [0, 2^63); got {seed}")
-    counter = np.asarray(offsets, dtype=np.uint64)
+    position = np.asarray(draws, dtype=np.uint64)
+    counter, word = position >> np.uint64(2), (position & np.uint64(3)).astype(np.intp)
     zero = np.zeros_like(counter)
-    word = philox4x32((counter & _WORD, counter >> np.uint64(32), zero, zero), (seed & 0xFFFFFFFF, seed >> 32))[0]
-    signed = word.astype(np.uint32).view(np.int32)
+    words = philox4x32((counter & _WORD, counter >> np.uint64(32), zero, zero), (seed & 0xFFFFFFFF, seed >> 32))
+    chosen = np.choose(word, words) if position.ndim else words[int(word)]
+    signed = np.asarray(chosen).astype(np.uint32).view(np.int32)
     folded = np.where(signed < 0, ~signed, signed)
     return folded.astype(np.float32) * UNIFORM_SCALE
 
 
 def dropout_keep(shape, p: float, seed: int, offset: int = 0) -> np.ndarray:
-    """The dropout mask of a contiguous array of `shape`: element i (flat) is kept where its draw at counter
-    offset + i is >= p, compared in float32 as the kernel compares."""
+    """The dropout mask of a contiguous array of `shape`: element i (flat) is kept where draw offset + i of the
+    seed's stream is >= p, compared in float32 as the kernel compares."""
     draws = philox_uniform(seed, np.uint64(offset) + np.arange(int(np.prod(shape)), dtype=np.uint64))
     return (draws >= np.float32(p)).reshape(shape)
 

@@ -291,13 +291,13 @@ SCALE_BY_P = "the kept elements are scaled by 1 / p: the kept fraction is 1 − 
 INVERTED = ("the mask is inverted: an element is kept where its draw u >= p (a fraction 1 − p of them), dropped "
             "where u < p")
 NO_RESIDUAL = "the residual is not added: y = residual + dropout(x)"
-OTHER_COUNTER = ("the backward draws its mask at other counters than the forward: element i must draw "
-                 "tl.rand(seed, offset + i) in both passes, with the forward's offset")
-SWAPPED = "seed and offset are swapped: the draw of element i is tl.rand(seed, offset + i)"
+OTHER_COUNTER = ("the backward draws its mask at other counters than the forward: element i must take draw "
+                 "offset + i of the stream in both passes, with the forward's offset")
+SWAPPED = "seed and offset are swapped: element i takes draw offset + i of the seed's stream"
 NO_MASK = ("the backward ignores the mask: dx = keep·dy / (1 − p) with the forward's mask, zero where the forward "
            "dropped the element")
-SAME_ROW_MASK = ("every row drew the same mask: the counter of element (row, col) is offset + row·n_cols + col, its "
-                 "index in the flat tensor")
+SAME_ROW_MASK = ("every row drew the same mask: element (row, col) takes draw offset + row·n_cols + col, its index "
+                 "in the flat tensor")
 AFTER_NORM = ("the residual is added after the norm: h = residual + dropout(x) first, then y = LayerNorm(h)·w + b "
               "(and mean, rstd are h's)")
 STATS_OF_X = ("the statistics are x's: mean and rstd are those of h = residual + dropout(x), the tensor being "
@@ -312,7 +312,7 @@ def _kept(shape, p, seed, offset):
 
 def _moved_offsets(offset, n):
     """Counters a backward might draw at by mistake: next to the forward's, from 0, or one tensor further on."""
-    return sorted({offset + 1, max(offset - 1, 0), 0, offset + n} - {offset})
+    return sorted({offset + 1, max(offset - 1, 0), offset + 4, max(offset - 4, 0), 0, offset + n} - {offset})
 
 
 def dropout_variants(x, r, dy, p, seed, offset):
@@ -351,12 +351,13 @@ def dropout_cases(rng, dtypes):
     normal = lambda *shape: rng.normal(0, 1, shape)  # noqa: E731
     shapes = [  # (name, shape, p, large seed, offset): several blocks of 1024 (GPU) or 4096 (CPU) where it matters
         ("one element (1, 1)", (1, 1), 0.5, False, 0),
-        ("(37, 33): odd sizes, seed >= 2^32", (37, 33), 0.9, True, int(rng.integers(1, 10 ** 6))),
+        ("(37, 33): odd sizes, seed >= 2^32, an odd offset", (37, 33), 0.9, True, 2 * int(rng.integers(0, 10 ** 6)) + 1),
         ("(2, 3, 129): leading dims, p drawn at random", (2, 3, 129), float(rng.uniform(0.05, 0.95)), True,
          int(rng.integers(1, 2 ** 40))),
-        ("(6, 1000): several blocks, counters cross 2^31", (6, 1000), 0.1, True, 2 ** 31 - int(rng.integers(1, 5000))),
-        ("(3, 700): counters cross 2^32 (the counter's high word turns 1)", (3, 700), 0.5, False,
-         2 ** 32 - int(rng.integers(1, 2000))),
+        ("(6, 1000): several blocks from an offset that is a multiple of 4, counters cross 2^31", (6, 1000), 0.1, True,
+         2 ** 33 - 4 * int(rng.integers(1, 1250))),
+        ("(3, 700): counters cross 2^32 (the counter's high word turns 1), an offset 4k + 2", (3, 700), 0.5, False,
+         2 ** 34 - 4 * int(rng.integers(1, 500)) + 2),
         ("(5, 77): y = x + residual exactly", (5, 77), 0.0, False, int(rng.integers(0, 1000))),
     ]
     cases = []
@@ -438,11 +439,14 @@ def dropout_layernorm_cases(rng, dtypes):
              rng.normal(0, 1e-3, (3, 64)), 0.9, True, None),
             ("(3, 96): LayerNorm(x + residual)", normal(3, 96), normal(3, 96), 0.0, False, None),
         ]
-        for name, x, r, p, large, tolerance in rows:
+        for index, (name, x, r, p, large, tolerance) in enumerate(rows):
             n = x.shape[-1]
             inputs = (x, r, rng.normal(1, 0.5, n), rng.normal(0, 0.5, n))
+            # offsets alternate between multiples of 4 and not: rows of a multiple of 4 columns from such an offset
+            # start every row's draws on a Philox call (the kernels' fast path), the others do not
+            offset = 4 * int(rng.integers(1, 250_000)) + (int(rng.integers(1, 4)) if index % 2 else 0)
             cases.append(Case(f"{name}, p = {p:g}", inputs, dtype, tolerance,
-                              kwargs={"p": p, "seed": _draw(rng, large), "offset": int(rng.integers(1, 10 ** 6))}))
+                              kwargs={"p": p, "seed": _draw(rng, large), "offset": offset}))
     return cases
 
 

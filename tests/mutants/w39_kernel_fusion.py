@@ -56,13 +56,13 @@ ACTIVATION_MUTANTS = [
     Mutant("w39.bias_gelu_backward", "tanh derivative without the 3·0.044715·z² term of du/dz",
            "0.7978845608028654 * (1.0 + 0.134145 * z * z)", "0.7978845608028654", hint="the 3·0.044715·z² term"),
     Mutant("w39.bias_gelu_backward", "dbias summed along each row of the tile (axis 1) instead of down its columns",
-           "column_sums += tl.sum(dx, axis=0)", "column_sums += tl.sum(dx, axis=1)",
+           "tl.sum(column_sums, axis=0)", "tl.sum(column_sums, axis=1)",
            hint="summed over the wrong axis"),
     Mutant("w39.bias_gelu_backward", "the last partial row of dbias left out of stage 2",
            "(part_rows[:, None] < n_parts)", "(part_rows[:, None] < n_parts - 1)",
            hint="the last partial row is left out"),
-    Mutant("w39.bias_gelu_backward", "dbias sums dy instead of dx", "column_sums += tl.sum(dx, axis=0)",
-           "column_sums += tl.sum(dy, axis=0)", hint="dbias sums dy"),
+    Mutant("w39.bias_gelu_backward", "dbias sums dy instead of dx", "column_sums += dx",
+           "column_sums += dy", hint="dbias sums dy"),
     Mutant("w39.bias_gelu_backward", "stage 2 overwrites its running total", "db_total += tl.sum(tile, axis=0)",
            "db_total = tl.sum(tile, axis=0)", hint="the running total is overwritten"),
 ]
@@ -73,15 +73,17 @@ ACTIVATION_VARIANTS = [
     Variant("w39.bias_gelu_backward", "sech² as 1 − tanh², tanh written as 2·sigmoid(2u) − 1", _TANH_SECH2,
             "sech2 = 1.0 - (2.0 * half_up - 1.0) * (2.0 * half_up - 1.0)  # 1 − tanh² u"),
     Variant("w39.bias_gelu_backward", "dbias summed from dx as stored (rounded to the output dtype)",
-            "column_sums += tl.sum(dx, axis=0)", "column_sums += tl.sum(dx.to(dx_ptr.dtype.element_ty).to(tl.float32), axis=0)"),
+            "column_sums += dx", "column_sums += dx.to(dx_ptr.dtype.element_ty).to(tl.float32)"),
 ]
 
 # ---------------------------------------------------------------- day 3-4: dropout_residual, dropout_residual_layernorm
-_DRAW = "keep = tl.rand(seed, counters) >= p"
+_DRAW = "keep = u >= p"
 _SCALED = "dropped = tl.where(keep, x * (1.0 / (1.0 - p)), 0.0)"
-_FORWARD = "y = r + dropout_block(x, seed, offset + i, p)"
-_BACKWARD = "dx = dropout_block(dy, seed, offset + i, p)"
-_H = ("h = r + dropout_block(x, seed, offset + flat, p)\n"
+_DRAWS = "philox_draws(seed, offset + start, BLOCK, ALIGNED)"  # the flat kernels' draws
+_ROW_DRAWS = "philox_draws(seed, offset + row * n_cols, BLOCK, ALIGNED)"  # the row kernels'
+_FORWARD = f"y = r + dropout_block(x, {_DRAWS}, p)"
+_BACKWARD = f"dx = dropout_block(dy, {_DRAWS}, p)"
+_H = (f"h = r + dropout_block(x, {_ROW_DRAWS}, p)\n"
       "    tl.store(h_ptr + flat, h.to(h_ptr.dtype.element_ty), mask=inside)\n")
 _H_LN = _H + "    mean = "  # the LayerNorm kernel's (the RMSNorm kernel stores h the same way)
 _STATS = ("mean = tl.sum(h, axis=0) / n_cols\n    centred = tl.where(inside, h - mean, 0.0)\n"
@@ -94,22 +96,24 @@ DROPOUT_MUTANTS = [
            "dropped = tl.where(keep, x, 0.0)", hint="the kept elements are not scaled"),
     Mutant("w39.dropout_residual", "scaled by 1 / p instead of 1 / (1 - p)", _SCALED,
            "dropped = tl.where(keep, x * (1.0 / p), 0.0)", hint="scaled by 1 / p"),
-    Mutant("w39.dropout_residual", "the mask inverted: kept where u < p", _DRAW, "keep = tl.rand(seed, counters) < p",
+    Mutant("w39.dropout_residual", "the mask inverted: kept where u < p", _DRAW, "keep = u < p",
            hint="the mask is inverted"),
     Mutant("w39.dropout_residual", "the backward regenerates its mask at offset + 1", _BACKWARD,
-           "dx = dropout_block(dy, seed, offset + i + 1, p)", hint="the backward draws its mask at other counters"),
-    Mutant("w39.dropout_residual", "the backward regenerates its mask from counter 0, ignoring the forward's offset",
-           _BACKWARD, "dx = dropout_block(dy, seed, i, p)", hint="the backward draws its mask at other counters"),
-    Mutant("w39.dropout_residual", "the residual not added", _FORWARD, "y = dropout_block(x, seed, offset + i, p)",
+           _BACKWARD.replace("offset + start", "offset + start + 1"),
+           hint="the backward draws its mask at other counters"),
+    Mutant("w39.dropout_residual", "the backward regenerates its mask from draw 0, ignoring the forward's offset",
+           _BACKWARD, _BACKWARD.replace("offset + start", "start"),
+           hint="the backward draws its mask at other counters"),
+    Mutant("w39.dropout_residual", "the residual not added", _FORWARD, _FORWARD.replace("y = r + ", "y = "),
            hint="the residual is not added"),
     Mutant("w39.dropout_residual", "seed and offset swapped in the forward's draw", _FORWARD,
-           "y = r + dropout_block(x, offset, seed + i, p)", hint="seed and offset are swapped"),
+           _FORWARD.replace("seed, offset + start", "offset, seed + start"), hint="seed and offset are swapped"),
     Mutant("w39.dropout_residual", "the backward passes dy through (no mask, no scale)", _BACKWARD, "dx = dy",
            hint="the backward ignores the mask"),
     # dropout_residual_layernorm
     Mutant("w39.dropout_residual_layernorm", "residual added after the norm: y = LN(dropout(x))·w + b + residual",
            _H + "    " + _STATS + "\n    " + _NORM_Y,
-           "dropped = dropout_block(x, seed, offset + flat, p)\n    h = r + dropped\n"
+           f"dropped = dropout_block(x, {_ROW_DRAWS}, p)\n    h = r + dropped\n"
            "    tl.store(h_ptr + flat, h.to(h_ptr.dtype.element_ty), mask=inside)\n    "
            + _STATS.replace("(h, axis=0)", "(dropped, axis=0)").replace("h - mean", "dropped - mean") + "\n    "
            + _NORM_Y.replace("* w + b)", "* w + b + r)"), hint="the residual is added after the norm"),
@@ -117,15 +121,15 @@ DROPOUT_MUTANTS = [
            _STATS.replace("(h, axis=0)", "(x, axis=0)").replace("h - mean", "x - mean"),
            hint="the statistics are x's"),
     Mutant("w39.dropout_residual_layernorm", "h (the residual stream) not written", _H_LN,
-           "h = r + dropout_block(x, seed, offset + flat, p)\n    mean = ", hint="never written"),
+           f"h = r + dropout_block(x, {_ROW_DRAWS}, p)\n    mean = ", hint="never written"),
     Mutant("w39.dropout_residual_layernorm", "the kept elements not scaled by 1 / (1 - p) (in dropout_block)",
            _SCALED, "dropped = tl.where(keep, x, 0.0)", hint="the kept elements are not scaled"),
     Mutant("w39.dropout_residual_layernorm", "eps outside the square root", _RSTD,
            _RSTD.replace("/ n_cols + eps)", "/ n_cols) + eps"), hint="eps belongs inside the square root"),
-    Mutant("w39.dropout_residual_layernorm", "every row draws the same mask (counter offset + col)", _H_LN,
-           _H_LN.replace("offset + flat", "offset + cols"), hint="every row drew the same mask"),
+    Mutant("w39.dropout_residual_layernorm", "every row draws the same mask (from offset, not offset + row·n_cols)",
+           _H_LN, _H_LN.replace("offset + row * n_cols", "offset"), hint="every row drew the same mask"),
     Mutant("w39.dropout_residual_layernorm", "the mask inverted: kept where u < p (in dropout_block)", _DRAW,
-           "keep = tl.rand(seed, counters) < p", hint="the mask is inverted"),
+           "keep = u < p", hint="the mask is inverted"),
     Mutant("w39.dropout_residual_layernorm", "h rounded to the storage dtype before the norm reads it", _H_LN,
            _H + "    h = h.to(h_ptr.dtype.element_ty).to(tl.float32)\n    mean = ", hint="after rounding it"),
 ]
@@ -133,7 +137,7 @@ DROPOUT_MUTANTS = [
 DROPOUT_VARIANTS = [
     Variant("w39.dropout_residual", "the mask as drop = u < p, the scale applied after the select",
             _DRAW + "\n    " + _SCALED,
-            "drop = tl.rand(seed, counters) < p\n    dropped = tl.where(drop, 0.0, x) * (1.0 / (1.0 - p))"),
+            "drop = u < p\n    dropped = tl.where(drop, 0.0, x) * (1.0 / (1.0 - p))"),
     Variant("w39.dropout_residual", "x divided by 1 - p instead of multiplied by its inverse", _SCALED,
             "dropped = tl.where(keep, x / (1.0 - p), 0.0)"),
     Variant("w39.dropout_residual_layernorm", "rstd through tl.rsqrt", _RSTD,
