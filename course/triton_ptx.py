@@ -63,6 +63,24 @@ def _ptx(args: str) -> str:
     return proc.stdout
 
 
+def compiler_version() -> str:
+    """The version of the Triton that compiles here (what hopper_ptx, hopper_sass and hopper_resources report on)."""
+    from importlib import metadata
+    return metadata.version("triton")
+
+
+def quoted_for_this_compiler(quoted: dict):
+    """The entry of `quoted` (the counts a lesson's text quotes, keyed by Triton version) for the Triton installed
+    here, or None, with a note saying so, where the text quotes no counts of this version. Compiled counts
+    (instructions, registers, spills) change from one Triton release to the next, so a lesson checks the numbers it
+    quotes only against the compiler that produced them."""
+    version = compiler_version()
+    if version not in quoted:
+        print(f"Triton {version} compiled the kernels above; the text quotes the counts of Triton "
+              f"{' and '.join(sorted(quoted))}, so yours may differ from its numbers.")
+    return quoted.get(version)
+
+
 def hopper_ptx(week: str, kernel: str, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
                aligned=None) -> str:
     """PTX of `kernel` from solutions/<week>.py compiled for sm_90. `types` gives the Triton type of pointer and

@@ -439,10 +439,10 @@ def matmul_bias_gelu(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, appro
 
 
 # ---------------------------------------------------------------- day 3: dropout + residual with a counter-based RNG
-# Dropout's mask is never stored: element i takes draw u = offset + i of the seed's stream (Philox4x32-10, a pure
-# function of the seed and the counter), is kept where u >= p and scaled by 1 / (1 - p); the backward draws the same
-# u again. One Philox call gives four 32-bit words: draw g is word g % 4 of counter g // 4, so a block of draws costs
-# a quarter of the Philox rounds that tl.rand (one word per call) would.
+# Dropout's mask is never stored: element i takes draw u = offset + i of the stream of that seed (Philox4x32-10, a
+# pure function of the seed and the counter), is kept where u >= p and scaled by 1 / (1 - p); the backward draws the
+# same u again. One Philox call gives four 32-bit words: draw g is word g % 4 of counter g // 4, so a block of draws
+# costs a quarter of the Philox rounds that tl.rand (one word per call) would.
 DROPOUT_BLOCK = 2048 if ON_GPU else 4096  # elements per program (the interpreter pays per program, not per element)
 DROPOUT_WARPS = 4
 SEED_LIMIT = 2 ** 63  # seeds and counters are non-negative int64
@@ -478,8 +478,8 @@ def _check_dropout(op: str, numel: int, p, seed, offset) -> None:
 
 @triton.jit
 def philox_draws(seed, first, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    # BLOCK float32 draws in [0, 1): draws first, first + 1, ... of the seed's stream, draw g being word g % 4 of
-    # Philox4x32-10 at counter g // 4. ALIGNED (first a multiple of 4): one Philox per four draws, its words
+    # BLOCK float32 draws in [0, 1): draws first, first + 1, ... of the stream of that seed, draw g being word g % 4
+    # of Philox4x32-10 at counter g // 4. ALIGNED (first a multiple of 4): one Philox per four draws, its words
     # interleaved into the block. Otherwise each draw runs its counter's Philox and keeps its own word.
     if ALIGNED:
         u0, u1, u2, u3 = tl.rand4x(seed, first // 4 + tl.arange(0, BLOCK // 4))
@@ -534,9 +534,10 @@ def dropout_residual_backward_kernel(dy_ptr, dx_ptr, n_elements, p, seed, offset
 
 def dropout_residual_forward(x: torch.Tensor, residual: torch.Tensor, p: float, seed: int, offset: int = 0,
                              out: torch.Tensor | None = None) -> torch.Tensor:
-    """y = residual + dropout(x): element i of the flat tensor is kept where draw offset + i of the seed's stream
-    (philox_draws) is >= p, and scaled by 1 / (1 - p). The same (seed, offset) gives the same mask, in the backward
-    or on another GPU. An offset that is a multiple of 4 draws four elements per Philox call (the fast path)."""
+    """y = residual + dropout(x): element i of the flat tensor is kept where draw offset + i of the stream of that
+    seed (philox_draws) is >= p, and scaled by 1 / (1 - p). The same (seed, offset) gives the same mask, in the
+    backward or on another GPU. An offset that is a multiple of 4 draws four elements per Philox call (the fast
+    path)."""
     _check_tensor("dropout_residual_forward", "x", x)
     _check_tensor("dropout_residual_forward", "residual", residual, like=x)
     _check_dropout("dropout_residual_forward", x.numel(), p, seed, offset)
@@ -570,9 +571,7 @@ def dropout_residual(x: torch.Tensor, residual: torch.Tensor, dy: torch.Tensor, 
 # ---- day 4 (a): dropout + residual + LayerNorm
 NORM_EPS = 1e-5
 NORM_MAX_COLS = 65536  # the fused norms hold a whole row in one block
-
-
-NORM_BACKWARD_STAGES = 3  # the fused backward's row loop pipelined: the next rows' loads start early (H200: 0.56 -> 0.63-0.76 of the copy)
+NORM_BACKWARD_STAGES = 3  # the fused backward's row loop pipelined, the next rows' loads started early
 ROW_WARP_ELEMENTS = 512  # the fused norms' rows: one warp per 512 elements (16 float32 values per thread and array)
 
 

@@ -3,7 +3,7 @@
 Conventions, one throughout the week:
 - elementwise ops act on (..., n) arrays; a bias is an (n,) vector added along the last axis (one per column);
 - dropout keeps an element where its uniform draw u satisfies u >= p and scales a kept element by 1 / (1 - p);
-  element i (flat index in the contiguous (rows, n) layout) takes draw g = offset + i of the seed's stream, where
+  element i (flat index in the contiguous (rows, n) layout) takes draw g = offset + i of the stream of that seed, where
   draw g is word g % 4 of Philox4x32-10 at counter g // 4 (what Triton's `tl.rand4x(seed, g // 4)` returns), so the
   reference reproduces the kernel's mask bit for bit;
 - RoPE uses the "rotate half" layout of week 35 (pairs (x_c, x_{c + d/2})), ALiBi week 35's slopes and sign.
@@ -160,7 +160,7 @@ def philox4x32(counter, key, rounds: int = 10):
 
 
 def philox_uniform(seed: int, draws) -> np.ndarray:
-    """float32 draws in [0, 1) at the given positions of the seed's stream, bit for bit what the kernels draw:
+    """float32 draws in [0, 1) at the given positions of the stream of that seed, bit for bit what the kernels draw:
     draw g is word g % 4 of Philox4x32-10 at counter g // 4, as Triton's `tl.rand4x(seed, g // 4)` returns it. The
     low and high words of the seed are the key; the counter's low and high words are its first two words (the other
     two are 0); the word, read as an int32 and folded onto [0, 2^31) (x < 0 becomes ~x, which Triton writes as
@@ -180,7 +180,7 @@ def philox_uniform(seed: int, draws) -> np.ndarray:
 
 def dropout_keep(shape, p: float, seed: int, offset: int = 0) -> np.ndarray:
     """The dropout mask of a contiguous array of `shape`: element i (flat) is kept where draw offset + i of the
-    seed's stream is >= p, compared in float32 as the kernel compares."""
+    stream of that seed is >= p, compared in float32 as the kernel compares."""
     draws = philox_uniform(seed, np.uint64(offset) + np.arange(int(np.prod(shape)), dtype=np.uint64))
     return (draws >= np.float32(p)).reshape(shape)
 

@@ -293,7 +293,7 @@ INVERTED = ("the mask is inverted: an element is kept where its draw u >= p (a f
 NO_RESIDUAL = "the residual is not added: y = residual + dropout(x)"
 OTHER_COUNTER = ("the backward draws its mask at other counters than the forward: element i must take draw "
                  "offset + i of the stream in both passes, with the forward's offset")
-SWAPPED = "seed and offset are swapped: element i takes draw offset + i of the seed's stream"
+SWAPPED = "seed and offset are swapped: element i takes draw offset + i of the stream of that seed"
 NO_MASK = ("the backward ignores the mask: dx = keep·dy / (1 − p) with the forward's mask, zero where the forward "
            "dropped the element")
 SAME_ROW_MASK = ("every row drew the same mask: element (row, col) takes draw offset + row·n_cols + col, its index "
