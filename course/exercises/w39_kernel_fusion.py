@@ -467,7 +467,7 @@ def _check_tensor(op: str, name: str, t, like: torch.Tensor | None = None) -> No
 
 
 def _check_dropout(op: str, numel: int, p, seed, offset) -> None:
-    """A clear error unless 0 <= p < 1, 0 <= seed < 2^63 and the counters offset ... offset + numel - 1 fit int64."""
+    """A clear error unless 0 <= p < 1, 0 <= seed < 2^63 and the draws offset ... offset + numel - 1 fit int64."""
     if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
         raise ValueError(f"{op}: p, the probability of dropping an element, must be in [0, 1); got {p!r}")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < SEED_LIMIT:
@@ -580,7 +580,7 @@ def _row_launch(n_cols: int, op: str) -> tuple[int, int]:
     """(BLOCK, num_warps) of a one-program-per-row kernel: the whole row in one block, one warp per 512 of its
     elements, 4 to 16 warps. The fused norms keep several float32 copies of the row live (x, r, h, w, b; the backward
     also dy, x̂ and its dweight and dbias sums), so they take more warps than week 34's norms (one per 4 KB): at
-    8192 columns 16 warps hold the backward in 119 registers a thread, where 4 warps spill."""
+    8192 columns 16 warps hold the backward in 128 registers a thread, where 4 warps spill."""
     if n_cols > NORM_MAX_COLS:
         raise ValueError(f"{op}: rows of {n_cols} columns do not fit one block (at most {NORM_MAX_COLS})")
     block = triton.next_power_of_2(n_cols)
