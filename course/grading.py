@@ -67,6 +67,9 @@ class Task:
     # after every case passed, on a GPU only
     gpu_check: Callable | None = None
     entry: str = ""
+    # earlier weeks ("w34_layernorm") whose kernels the exercise assembles through course.kernels: their solutions
+    # stay callable while the submission runs (every other week's are refused)
+    builds_on: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.entry = self.entry or self.id.split(".")[1]
@@ -169,7 +172,7 @@ def closest_bug(got: np.ndarray, candidates: dict, rtol: float = 2e-2) -> str | 
 
 def spec_of(task: "Task") -> submission.Spec:
     return submission.Spec(task.id, task.backend, task.regions, task.graded_dtypes(), task.banned, task.writes_out,
-                           task.entry, task.week)
+                           task.entry, task.week, task.builds_on)
 
 
 class LocalRunner:

@@ -155,7 +155,8 @@ class IsolatedRunner:
     def begin(self) -> tuple[bool, str]:
         s = self.spec
         answer = self._ask({"do": "begin", "spec": [s.exercise, s.backend, list(s.regions), list(s.dtypes),
-                                                    list(s.banned), s.writes_out, s.entry, s.week]})
+                                                    list(s.banned), s.writes_out, s.entry, s.week,
+                                                    list(s.builds_on)]})
         return answer["ran"], answer["note"]
 
     def run(self, trial) -> submission.Outcome:
@@ -221,10 +222,18 @@ def grade_exercise(exercise_id: str, source: Path, seed: int | None = None, hidd
 # ---- the child's side ---------------------------------------------------------------------------------------------
 
 class _Refuse(importlib.abc.MetaPathFinder):
-    """Makes the course's answers unimportable in the child, whatever import statement or function asks."""
+    """Makes the course's answers unimportable in the child, whatever import statement or function asks; the
+    kernels of the weeks a task builds on (Spec.builds_on: `allow`) excepted, which its exercise calls through
+    course.kernels."""
+
+    def __init__(self):
+        self.allowed = set()
+
+    def allow(self, weeks) -> None:
+        self.allowed = {f"solutions.{week}" for week in weeks} | ({"solutions"} if weeks else set())
 
     def find_spec(self, fullname, path=None, target=None):
-        if FORBIDDEN.match(fullname):
+        if FORBIDDEN.match(fullname) and fullname not in self.allowed:
             raise ImportError(f"{fullname} is part of the course's own answers (references, tasks, solutions, the "
                               f"grader): exercise code may not import it. The exercise asks you to compute it "
                               f"yourself.")
@@ -232,7 +241,8 @@ class _Refuse(importlib.abc.MetaPathFinder):
 
 
 def _serve(fd_in: int, fd_out: int, source: str, name: str) -> None:
-    sys.meta_path.insert(0, _Refuse())
+    refuse = _Refuse()
+    sys.meta_path.insert(0, refuse)
     week = Path(source).stem
     state = {}
 
@@ -255,6 +265,8 @@ def _serve(fd_in: int, fd_out: int, source: str, name: str) -> None:
         except EOFError:
             return
         try:
+            if request["do"] == "begin":
+                refuse.allow(request["spec"][-1])
             fn = load()
             if request["do"] == "begin":
                 spec = submission.Spec(*request["spec"])

@@ -29,7 +29,9 @@ BAND_BYTES = 256 * 1024
 # Modules exercise code may not use: the course's references, cost model, tasks and solutions, and the grader.
 FORBIDDEN = re.compile(r"^(course\.(w\d\d_\w+|attention_cost|grading|registry|mutants|isolated)|solutions|tests)"
                        r"(\.|$)")
-_REFERENCES = re.compile(r"^(course\.(w\d\d_\w+\.(reference|tasks)|attention_cost)|solutions\.\w+)$")
+# Refused while a submission runs: every module of a week's package (references, tasks, cost models, benchmarks), the
+# shared cost model, and the solutions (those of the weeks a task builds on excepted: Task.builds_on).
+_REFERENCES = re.compile(r"^(course\.(w\d\d_\w+\.\w+|attention_cost)|solutions\.\w+)$")
 REFUSED = "course-refused:"
 
 
@@ -55,6 +57,7 @@ class Spec:
     writes_out: bool = False
     entry: str = ""                  # the exercise module's function the learner writes (Task.entry)
     week: str = ""                   # "w33" (Task.week)
+    builds_on: tuple = ()            # earlier weeks ("w34_layernorm") whose kernels the exercise calls (Task.builds_on)
 
 
 @dataclass
@@ -210,7 +213,7 @@ def run(spec: Spec, fn, call: CaseCall) -> Outcome:
         storage, out = _banded(call.out_shape or args[0].shape, args[0].dtype, args[0].device)
     allocated = []
     try:
-        with _banned(spec.banned), references_refused(fn), timeout(TIMEOUT_S), np.errstate(all="ignore"), \
+        with _banned(spec.banned), references_refused(fn, spec.builds_on), timeout(TIMEOUT_S), np.errstate(all="ignore"), \
                 _poisoned_allocations(spec.backend, allocated), memcheck.watching() as launches:
             got = fn(*args, out=out, **kw) if spec.writes_out else fn(*args, **kw)
             if spec.backend != "numpy" and backend.ON_GPU:
@@ -317,13 +320,16 @@ def _refuser(name: str) -> types.CodeType:
 
 
 @contextlib.contextmanager
-def references_refused(fn):
+def references_refused(fn, builds_on: tuple = ()):
     """While `fn` runs, every function of the course's references, tasks, cost model and solutions (other than
-    `fn`'s own module) raises: an alias bound at import time is the same function object, so it is caught too."""
+    `fn`'s own module and the solutions of the weeks in `builds_on`, whose kernels an exercise that assembles them
+    calls through course.kernels) raises: an alias bound at import time is the same function object, so it is caught
+    too."""
     own = getattr(fn, "__module__", "") or ""
+    allowed = {own} | {f"solutions.{week}" for week in builds_on}
     swapped = []
     for name, module in list(sys.modules.items()):
-        if name == own or module is None or not _REFERENCES.match(name):
+        if name in allowed or module is None or not _REFERENCES.match(name):
             continue
         for value in list(vars(module).values()):
             targets = [value] if isinstance(value, types.FunctionType) else \

@@ -93,6 +93,62 @@ def hopper_ptx(week: str, kernel: str, types: dict, constexprs: dict, num_warps:
                             sorted(aligned)]))
 
 
+# Appended to _COMPILE, whose process has just compiled `compiled` and written its PTX: Triton's own shared-memory
+# allocation pass (the first thing make_llir does with the TTGIR) run again on a copy of the TTGIR, which adds the
+# module attribute ttg.shared (bytes) and each buffer's allocation.offset, and that TTGIR written after a marker line.
+_ALLOCATED_TTGIR = """
+import tempfile
+from triton._C.libtriton import ir, nvidia
+from triton.backends.nvidia.compiler import get_ptx_version_from_options
+target = GPUTarget("cuda", 90, 32)
+backend = triton.compiler.make_backend(target)
+context = ir.context()
+ir.load_dialects(context)
+backend.load_dialects(context)
+with tempfile.NamedTemporaryFile("w", suffix=".ttgir") as listing:
+    listing.write(compiled.asm["ttgir"])
+    listing.flush()
+    module = ir.parse_mlir_module(listing.name, context)
+module.context = context
+passes = ir.pass_manager(context)
+options = backend.parse_options({"num_warps": warps, "num_stages": stages})
+nvidia.passes.ttgpuir.add_allocate_shared_memory_nv(passes, 90, get_ptx_version_from_options(options, 90))
+passes.run(module, "allocate_shared_memory")
+if module.get_int_attr("ttg.shared") != compiled.metadata.shared:
+    sys.exit(f"the allocation pass run again found {module.get_int_attr('ttg.shared')} bytes of shared memory, "
+             f"the compile {compiled.metadata.shared}")
+sys.stdout.write("\\n=== ttgir\\n" + str(module))
+"""
+
+
+def _kernel_file(week: str) -> Path:
+    """solutions/<week>.py, or in the learner's edition (no solutions/) the learner's own course/exercises/<week>.py."""
+    solution = ROOT / "solutions" / f"{week}.py"
+    return solution if solution.exists() else ROOT / "course" / "exercises" / f"{week}.py"
+
+
+@functools.lru_cache(maxsize=64)
+def _listings(args: str) -> tuple[str, str]:
+    proc = subprocess.run([sys.executable, "-c", _COMPILE + _ALLOCATED_TTGIR, args], capture_output=True, text=True,
+                          env=_compiler_env(), timeout=300)
+    if proc.returncode:
+        raise RuntimeError((proc.stderr.strip().splitlines() or ["no output"])[-1])
+    ptx, ttgir = proc.stdout.split("\n=== ttgir\n")
+    return ttgir, ptx
+
+
+def hopper_listings(week: str, kernel: str, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
+                    aligned=None) -> tuple[str, str]:
+    """(TTGIR, PTX) of one compile of `kernel` for sm_90 (arguments as hopper_ptx's), from solutions/<week>.py or,
+    in the learner's edition, course/exercises/<week>.py. The TTGIR is Triton's GPU dialect as the compiler hands it
+    to LLVM, after its shared-memory allocation: `tt.dot` has become `ttng.warp_group_dot`, and the module attributes
+    hold `ttg.num-warps` and `ttg.shared` (the bytes of shared memory a program asks for)."""
+    if aligned is None:
+        aligned = [name for name, kind in types.items() if kind.startswith("*")]
+    return _listings(json.dumps([str(_kernel_file(week)), kernel, types, constexprs, num_warps, num_stages,
+                                 sorted(aligned)]))
+
+
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 
 
