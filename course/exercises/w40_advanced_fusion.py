@@ -428,7 +428,7 @@ def sparse_backward_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
 
 # (BLOCK_M, BLOCK_N, warps, stages): the forward's tiles, and the backward's for its key programs (dK, dV) and its
 # query programs (dQ), which share one launch and so one warp count. Every tile divides SPARSE_BLOCK.
-SPARSE_TILES = {"gpu": {"forward": (128, 64, 8, 3), "key": (64, 128, 8, 2), "query": (128, 64, 8, 2)},
+SPARSE_TILES = {"gpu": {"forward": (64, 64, 4, 3), "key": (64, 128, 8, 2), "query": (128, 64, 8, 2)},
                 "cpu": {"forward": (32, 16, 4, 1), "key": (16, 32, 4, 1), "query": (32, 16, 4, 1)}}
 
 
@@ -510,6 +510,20 @@ def sparse_attention(q, k, v, pattern: SparsePattern, scale=None) -> torch.Tenso
     return SparseAttention.apply(q, k, v, pattern, scale)
 
 
+# ---------------------------------------------------------------- day 5: where a kernel sits on the roofline (NumPy)
+def roofline_bound(flops, nbytes, ms, peak_tflops: float, peak_gbps: float):
+    """Where kernels sit on the roofline of a GPU with `peak_tflops` (TFLOP/s) and `peak_gbps` (GB/s). flops, nbytes
+    and ms are arrays, one entry per kernel: its FLOPs, the bytes it moves through HBM, its time in milliseconds.
+    Returns five arrays: the arithmetic intensity flops / nbytes (FLOP per byte); the attainable rate, the lower of
+    the two roofs, min(peak, intensity × bandwidth), in TFLOP/s; the achieved rate flops / time in TFLOP/s; the share
+    of the roofline reached: the least time the roofline allows, max(flops / peak, nbytes / bandwidth), over the
+    measured time (so a kernel with no FLOPs is judged by its bandwidth); and the bound, 1.0 where the intensity
+    reaches the ridge point peak / bandwidth (compute-bound), 0.0 below it (memory-bound)."""
+    flops, nbytes, ms = (np.asarray(a, dtype=np.float64) for a in (flops, nbytes, ms))
+    # YOUR CODE HERE
+    return intensity, attainable, achieved, share, bound
+
+
 # ---------------------------------------------------------------- day 6: the capstone block
 # The block is assembled from earlier weeks' kernels, reached through course.registry.kernels (in the learner's
 # edition: the learner's own). Matrix products stay with cuBLAS (torch.matmul): the course stands on it, as FlashAttention
@@ -575,17 +589,19 @@ def rope_tables(n: int, d: int, device: str):
 
 def capstone_block(x: torch.Tensor, w_norm1: torch.Tensor, w_qkv: torch.Tensor, w_o: torch.Tensor,
                    w_norm2: torch.Tensor, w_gate_up: torch.Tensor, w_down: torch.Tensor, n_heads: int,
-                   p: float = 0.0, seed: int = 0) -> torch.Tensor:
+                   p: float = 0.0, seed: int = 0, attention=None) -> torch.Tensor:
     """A pre-norm transformer block (Llama's order) from the course's kernels, differentiable end to end:
         h   = x + dropout(attention(RoPE(q), RoPE(k), v) W_oᵀ),  q, k, v = RMSNorm(x)·w_norm1 W_qkvᵀ (causal)
         out = h + dropout(W_down(silu(gate) ∘ up)),             gate, up = RMSNorm(h)·w_norm2 W_gate_upᵀ
     x (B, N, C); w_qkv (3C, C) stacks the q, k, v projections (rows 0…C−1 are q's); w_gate_up (2F, C) stacks gate
     and up; w_down (C, F); w_norm1, w_norm2 (C,). The two dropouts draw at offsets 0 and x.numel() of `seed`'s
     stream. Kernels: RMSNorm (week 34), RoPE (week 35), FlashAttention (week 38), dropout + residual + RMSNorm,
-    SwiGLU and dropout + residual (week 39)."""
+    SwiGLU and dropout + residual (week 39). `attention(q, k, v)` replaces the causal attention if given (day 5
+    measures the block with a production kernel there)."""
     bsz, n, c = x.shape
     d = c // n_heads
     cos, sin = rope_tables(n, d, str(x.device))
+    attention = attention or functools.partial(course.kernels(W38).flash_attn, causal=True)
     # YOUR CODE HERE
     return out
 

@@ -187,7 +187,7 @@ def facts_cases(rng, dtypes):
     cases = [Case(c.label, (), "float64", kwargs={"ttgir": t[0], "ptx": t[1]})
              for c, t in zip(chosen, texts) if isinstance(t, tuple)]
     if not cases:
-        raise GradingError(f"w40.ttgir_reading reads the listings of the course's kernels compiled for sm_90, and "
+        raise GradingError(f"w40.kernel_facts reads the listings of the course's kernels compiled for sm_90, and "
                            f"none compiled here ({chosen[0].label}: {texts[0]}). Without solutions/ the kernels are "
                            f"your own (course/exercises/): solve w37.flash_attention, w38.flash_forward and "
                            f"w39.bias_gelu first.")
@@ -195,6 +195,6 @@ def facts_cases(rng, dtypes):
 
 
 COMPILER_TASKS = [
-    Task("w40.ttgir_reading", "numpy", ("kernel_facts",), facts_cases, exact(kernel_facts), outputs=OUTPUTS,
-         hint=facts_hint, dtypes=("float64",), entry="kernel_facts"),
+    Task("w40.kernel_facts", "numpy", ("kernel_facts",), facts_cases, exact(kernel_facts), outputs=OUTPUTS,
+         hint=facts_hint, dtypes=("float64",)),
 ]

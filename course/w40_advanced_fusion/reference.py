@@ -216,3 +216,20 @@ def capstone_stage_costs(bsz: int, n: int, c: int, f: int, heads: int, itemsize:
 def capstone_step_flops(bsz: int, n: int, c: int, f: int, heads: int) -> int:
     """The FLOPs of one training step of the block: its matrix products and attention, forward and backward."""
     return sum(flops for flops, _ in capstone_stage_costs(bsz, n, c, f, heads).values())
+
+
+# ---------------------------------------------------------------- day 5: where a kernel sits on the roofline
+def roofline_bound(flops, nbytes, ms, peak_tflops: float, peak_gbps: float):
+    """Per kernel (arrays of equal shape): arithmetic intensity flops/nbytes (FLOP/byte); the roofline's attainable
+    rate min(peak, intensity·bandwidth) in TFLOP/s; the achieved rate flops/time in TFLOP/s; the share of the
+    roofline reached, the roofline's least time max(flops/peak, nbytes/bandwidth) over the measured time (for a
+    kernel with no FLOPs, its share of the bandwidth); and the bound, 1 where the intensity reaches the ridge point
+    peak/bandwidth (compute-bound), else 0 (memory-bound). Williams, Waterman and Patterson, "Roofline: An Insightful
+    Visual Performance Model for Multicore Architectures" (2009)."""
+    flops, nbytes, ms = (np.asarray(a, dtype=np.float64) for a in (flops, nbytes, ms))
+    seconds = ms * 1e-3
+    intensity = flops / nbytes
+    attainable = np.minimum(peak_tflops, intensity * peak_gbps * 1e-3)
+    least = np.maximum(flops / (peak_tflops * 1e12), nbytes / (peak_gbps * 1e9))
+    ridge = peak_tflops * 1e3 / peak_gbps
+    return intensity, attainable, flops / seconds * 1e-12, least / seconds, (intensity >= ridge).astype(np.float64)

@@ -80,10 +80,11 @@ CAPSTONE_MUTANTS = [
            hint="v is rotated too"),
     Mutant("w40.capstone_block", "gate and up swapped", "gate, up = y @ w_gate_up[:f].T, y @ w_gate_up[f:].T",
            "up, gate = y @ w_gate_up[:f].T, y @ w_gate_up[f:].T", hint="gate and up are swapped"),
-    Mutant("w40.capstone_block", "attention without the causal mask", "flash_attn(q, k, v, causal=True)",
-           "flash_attn(q, k, v, causal=False)", hint="not causal"),
+    Mutant("w40.capstone_block", "attention without the causal mask", "flash_attn, causal=True)",
+           "flash_attn, causal=False)", hint="not causal"),
     Mutant("w40.capstone_block", "q, k, v split head-major (view (B, N, H, 3, d))",
-           ".view(bsz, n, 3, n_heads, d).permute(2, 0, 3, 1, 4)", ".view(bsz, n, n_heads, 3, d).permute(3, 0, 2, 1, 4)",
+           ".view(bsz, n, 3, n_heads, d).permute(2, 0, 3, 1, 4).unbind(0)\n    q, k = Rotary",
+           ".view(bsz, n, n_heads, 3, d).permute(3, 0, 2, 1, 4).unbind(0)\n    q, k = Rotary",
            hint="split the wrong way"),
     Mutant("w40.capstone_block", "the MLP's norm reads x instead of the residual stream h",
            "y, h = DropoutResidualRMSNorm.apply(mixed, x, w_norm2, p, seed, 0)",
@@ -95,25 +96,40 @@ CAPSTONE_MUTANTS = [
            ".reshape(bsz, n, c) @ w_o", hint="untransposed"),
 ]
 
-# ---------------------------------------------------------------- day 2: ttgir_reading (kernel_facts)
+# ---------------------------------------------------------------- day 2: kernel_facts
 _WGMMA = 'wgmma = instructions("wgmma.mma_async")'
 _WARPS = 'warps = attributes["ttg.num-warps"]'
 COMPILER_MUTANTS = [
-    Mutant("w40.ttgir_reading", "every wgmma line counted (fence, commit_group and wait_group with the MMAs)",
+    Mutant("w40.kernel_facts", "every wgmma line counted (fence, commit_group and wait_group with the MMAs)",
            _WGMMA, 'wgmma = instructions("wgmma")', hint="every wgmma line was counted"),
-    Mutant("w40.ttgir_reading", "the TTGIR's warp_group_dot ops counted instead of the PTX's wgmma instructions",
+    Mutant("w40.kernel_facts", "the TTGIR's warp_group_dot ops counted instead of the PTX's wgmma instructions",
            _WGMMA, r'wgmma = len(re.findall(r"ttng\.warp_group_dot\b", ttgir))',
            hint="the TTGIR's ttng.warp_group_dot ops were counted"),
-    Mutant("w40.ttgir_reading", "exp2 counted in the TTGIR (one math.exp2 per tile) instead of the PTX",
+    Mutant("w40.kernel_facts", "exp2 counted in the TTGIR (one math.exp2 per tile) instead of the PTX",
            'ex2 = instructions("ex2.approx")', 'ex2 = ttgir.count("math.exp2")',
            hint="the TTGIR's math.exp2 ops were counted"),
-    Mutant("w40.ttgir_reading", "shared memory reported in kilobytes",
+    Mutant("w40.kernel_facts", "shared memory reported in kilobytes",
            'shared_bytes = attributes["ttg.shared"]', 'shared_bytes = attributes["ttg.shared"] // 1024',
            hint="ttg.shared is in bytes"),
-    Mutant("w40.ttgir_reading", "warps reported as threads (× 32)", _WARPS, _WARPS + " * 32",
+    Mutant("w40.kernel_facts", "warps reported as threads (× 32)", _WARPS, _WARPS + " * 32",
            hint="warps, not threads"),
-    Mutant("w40.ttgir_reading", "threads per warp read where the warps are", _WARPS,
+    Mutant("w40.kernel_facts", "threads per warp read where the warps are", _WARPS,
            'warps = attributes["ttg.threads-per-warp"]', hint="that is ttg.threads-per-warp"),
 ]
 
-MUTANTS = [*LAYOUT_MUTANTS, *COMPILER_MUTANTS, *LINEAR_MUTANTS, *SPARSE_MUTANTS, *CAPSTONE_MUTANTS]
+# ---------------------------------------------------------------- day 5: roofline_bound
+ROOFLINE_MUTANTS = [
+    Mutant("w40.roofline_bound", "milliseconds taken as seconds", "seconds = ms * 1e-3", "seconds = ms",
+           hint="ms is milliseconds"),
+    Mutant("w40.roofline_bound", "the ridge point inverted (bandwidth over peak)",
+           "bound = (intensity >= peak_tflops * 1e3 / peak_gbps)", "bound = (intensity >= peak_gbps / (peak_tflops * 1e3))",
+           hint="the ridge point is the peak rate over the bandwidth"),
+    Mutant("w40.roofline_bound", "the higher roof taken", "attainable = np.minimum(peak_tflops,",
+           "attainable = np.maximum(peak_tflops,", hint="the roof is the LOWER"),
+    Mutant("w40.roofline_bound", "the share taken of the compute peak", "share = least / seconds",
+           "share = achieved / peak_tflops", hint="not of the compute peak"),
+    Mutant("w40.roofline_bound", "GB/s × FLOP/B left in GFLOP/s", "intensity * peak_gbps * 1e-3)  # GB/s",
+           "intensity * peak_gbps)  # GB/s", hint="divide by 1e3 for TFLOP/s"),
+]
+
+MUTANTS = [*LAYOUT_MUTANTS, *COMPILER_MUTANTS, *LINEAR_MUTANTS, *SPARSE_MUTANTS, *ROOFLINE_MUTANTS, *CAPSTONE_MUTANTS]
