@@ -280,7 +280,9 @@ def cute_gemm_rows(s, rows):
 
 
 PARTS = ("linear", "block_sparse", "capstone", "capstone_stages", "shoulders", "cute_gemm")
-KEYS = ["part", "dtype", "pass", "B", "H", "N", "d", "mask", "M", "K", "C", "F"]
+# the columns that tell one measurement from another in each part: a row's peer is the row with the same values
+KEYS = {"linear": ["N"], "block_sparse": ["N", "mask", "pass"], "capstone": ["B", "N", "pass"],
+        "capstone_stages": ["kernel"], "shoulders": ["B", "N", "mask", "pass"], "cute_gemm": ["M", "N", "K"]}
 
 
 def run(parts=PARTS, rows=None) -> pd.DataFrame:
@@ -290,12 +292,13 @@ def run(parts=PARTS, rows=None) -> pd.DataFrame:
     rows = bench.run_parts({p: lambda rows, p=p: globals()[f"{p}_rows"](s, rows) for p in parts},
                            desc="w40 advanced fusion", rows=rows)
     table = pd.DataFrame(rows)
-    for column in KEYS + ["density", "TFLOP/s", "call_TFLOP/s", "GB/s", "call_GB/s"]:
+    for column in ["pass", "B", "H", "N", "d", "mask", "M", "K", "C", "F", "density", "TFLOP/s", "call_TFLOP/s",
+                   "GB/s", "call_GB/s"]:
         if column not in table:
             table[column] = math.nan
     table["note"] = table["note"].fillna("") if "note" in table else ""
-    table[KEYS] = table[KEYS].fillna("-")  # the keys must match between a row and its peer's
-    table = bench.speedups(table, KEYS)
+    table = pd.concat([bench.speedups(table[table["part"] == part].copy(), ["part", "dtype"] + KEYS.get(part, []))
+                       for part in table["part"].unique()], ignore_index=True)
     flash = table[table["kernel"] == "flash_forward (course, causal)"].set_index("N")["ms"]
     table["vs_flash"] = [round(flash.get(r["N"], math.nan) / r["ms"], 2) if r["part"] == "linear" else math.nan
                          for _, r in table.iterrows()]
