@@ -1,7 +1,8 @@
 """The learner's edition (`make release`, course/release.py), built into a temporary folder: no answers in it, a README
 and a Makefile for learners, `import course` works with no solutions/, and its notebooks run by nbval: with the stubs
 the only failures are "not implemented yet" (NotImplementedYet) and the knock-ons listed in KNOCK_ONS; with the
-reference solutions copied over the exercise files, no failure but those listed in SOLVED_FAILURES.
+reference solutions of that week and every week before it (what a learner there has solved) copied over the exercise
+files, no failure but those listed in SOLVED_FAILURES.
 
 `make test` runs week 33's notebooks (about 2 minutes); `make release-check` (COURSE_RELEASE_WEEKS=all) every week;
 COURSE_RELEASE_WEEKS=w37_flash_attention_core,w38_flash_attention_impl chosen weeks.
@@ -132,7 +133,8 @@ def test_with_the_stubs_only_not_implemented_fails(edition, week):
 def test_with_the_solutions_copied_in_every_cell_passes(edition, week, tmp_path):
     solved = tmp_path / "course"
     shutil.copytree(edition, solved)
-    shutil.copyfile(ROOT / "solutions" / f"{week}.py", solved / "course" / "exercises" / f"{week}.py")
+    for done in (w for w in ALL_WEEKS if w <= week):  # a learner at this week has solved the weeks before it too
+        shutil.copyfile(ROOT / "solutions" / f"{done}.py", solved / "course" / "exercises" / f"{done}.py")
     _, failed = _failures(solved, week)
     found = {_key(r): r["evalue"].splitlines()[0] if r["evalue"] else "" for r in failed}
     unexpected = {k: v for k, v in found.items() if k not in SOLVED_FAILURES}
