@@ -213,8 +213,9 @@ def run(spec: Spec, fn, call: CaseCall) -> Outcome:
         storage, out = _banded(call.out_shape or args[0].shape, args[0].dtype, args[0].device)
     allocated = []
     try:
-        with _banned(spec.banned), references_refused(fn, spec.builds_on), timeout(TIMEOUT_S), np.errstate(all="ignore"), \
-                _poisoned_allocations(spec.backend, allocated), memcheck.watching() as launches:
+        with _banned(spec.banned), references_refused(fn, spec.builds_on), timeout(TIMEOUT_S), \
+                np.errstate(all="ignore"), _poisoned_allocations(spec.backend, allocated), \
+                memcheck.watching() as launches:
             got = fn(*args, out=out, **kw) if spec.writes_out else fn(*args, **kw)
             if spec.backend != "numpy" and backend.ON_GPU:
                 import torch
