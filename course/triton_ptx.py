@@ -118,6 +118,8 @@ if module.get_int_attr("ttg.shared") != compiled.metadata.shared:
     sys.exit(f"the allocation pass run again found {module.get_int_attr('ttg.shared')} bytes of shared memory, "
              f"the compile {compiled.metadata.shared}")
 sys.stdout.write("\\n=== ttgir\\n" + str(module))
+for stage in ("ttir", "llir"):
+    sys.stdout.write(f"\\n=== {stage}\\n" + compiled.asm[stage])
 """
 
 
@@ -128,13 +130,15 @@ def _kernel_file(week: str) -> Path:
 
 
 @functools.lru_cache(maxsize=64)
-def _listings(args: str) -> tuple[str, str]:
+def _listings(args: str) -> dict:
     proc = subprocess.run([sys.executable, "-c", _COMPILE + _ALLOCATED_TTGIR, args], capture_output=True, text=True,
                           env=_compiler_env(), timeout=300)
     if proc.returncode:
         raise RuntimeError((proc.stderr.strip().splitlines() or ["no output"])[-1])
-    ptx, ttgir = proc.stdout.split("\n=== ttgir\n")
-    return ttgir, ptx
+    ptx, rest = proc.stdout.split("\n=== ttgir\n")
+    ttgir, rest = rest.split("\n=== ttir\n")
+    ttir, llir = rest.split("\n=== llir\n")
+    return {"ttir": ttir, "ttgir": ttgir, "llir": llir, "ptx": ptx}
 
 
 def hopper_listings(week: str, kernel: str, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
@@ -143,6 +147,14 @@ def hopper_listings(week: str, kernel: str, types: dict, constexprs: dict, num_w
     in the learner's edition, course/exercises/<week>.py. The TTGIR is Triton's GPU dialect as the compiler hands it
     to LLVM, after its shared-memory allocation: `tt.dot` has become `ttng.warp_group_dot`, and the module attributes
     hold `ttg.num-warps` and `ttg.shared` (the bytes of shared memory a program asks for)."""
+    stages = hopper_stages(week, kernel, types, constexprs, num_warps, num_stages, aligned)
+    return stages["ttgir"], stages["ptx"]
+
+
+def hopper_stages(week: str, kernel: str, types: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 3,
+                  aligned=None) -> dict:
+    """Every listing of one compile for sm_90 (arguments as hopper_ptx's), by stage: "ttir" (Triton's own dialect,
+    before any layout), "ttgir" (hopper_listings's), "llir" (LLVM IR) and "ptx"."""
     if aligned is None:
         aligned = [name for name, kind in types.items() if kind.startswith("*")]
     return _listings(json.dumps([str(_kernel_file(week)), kernel, types, constexprs, num_warps, num_stages,

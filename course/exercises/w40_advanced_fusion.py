@@ -13,12 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-from course.backend import ON_GPU
 import course
+from course.backend import ON_GPU
 from course.heads import as_heads
 
 LOG2E = tl.constexpr(1.4426950408889634)  # log2(e); a constexpr, so kernels read it (the host: LOG2E.value)
-# the earlier weeks whose kernels this week builds on (course.registry.kernels: the learner's own in their edition)
+# the earlier weeks whose kernels this week builds on (course.kernels: the learner's own in their edition)
 W34, W35, W38, W39 = "w34_layernorm", "w35_attention_blocks", "w38_flash_attention_impl", "w39_kernel_fusion"
 DOT_PRECISION = {torch.float32: "ieee", torch.float16: "tf32", torch.bfloat16: "tf32"}  # fp32 dots stay exact
 
