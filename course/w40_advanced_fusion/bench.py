@@ -145,26 +145,6 @@ def block_sparse_rows(s, rows):
 
 
 # ---------------------------------------------------------------- the capstone block against eager and compile
-def torch_block(x, w_norm1, w_qkv, w_o, w_norm2, w_gate_up, w_down, n_heads, cos, sin, p=P):
-    """The block in PyTorch, as a practitioner writes it (Llama's order): F.rms_norm, SDPA (causal), the rotation
-    by slices, F.dropout, F.silu; the peer eager and under torch.compile."""
-    import torch
-    import torch.nn.functional as F
-    bsz, n, c = x.shape
-    d = c // n_heads
-    q, k, v = (F.rms_norm(x, (c,), w_norm1, ref.NORM_EPS) @ w_qkv.T).view(bsz, n, 3, n_heads, d).permute(
-        2, 0, 3, 1, 4).unbind(0)
-
-    def turn(t):
-        a, b = t[..., :d // 2], t[..., d // 2:]
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(t.dtype)
-    attended = F.scaled_dot_product_attention(turn(q), turn(k), v, is_causal=True)
-    h = x + F.dropout(attended.transpose(1, 2).reshape(bsz, n, c) @ w_o.T, p)
-    f = w_gate_up.shape[0] // 2
-    y = F.rms_norm(h, (c,), w_norm2, ref.NORM_EPS)
-    return h + F.dropout((F.silu(y @ w_gate_up[:f].T) * (y @ w_gate_up[f:].T)) @ w_down.T, p)
-
-
 def capstone_inputs(bsz, n, grad=True):
     import torch
     c, f = MODEL, FFN
@@ -177,14 +157,14 @@ def capstone_inputs(bsz, n, grad=True):
 
 def _sdpa_causal(q, k, v):
     """PyTorch's scaled_dot_product_attention, causal, with its default choice of backend (cuDNN or
-    FlashAttention-2 on Hopper): what torch_block and its compiled form use."""
+    FlashAttention-2 on Hopper): what reference.torch_block and its compiled form use."""
     import torch.nn.functional as F
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def capstone_rows(s, rows):
     import torch
-    compiled = peers.compiled(torch_block)
+    compiled = peers.compiled(ref.torch_block)
     for bsz, n in CAPSTONE_SHAPES:
         x, weights = capstone_inputs(bsz, n)
         dy = torch.randn_like(x)
@@ -196,8 +176,8 @@ def capstone_rows(s, rows):
         steps = {"capstone_block": lambda: s.capstone_block(x, *weights, HEADS, P, SEED),
                  "capstone_block (SDPA attention)": lambda: s.capstone_block(x, *weights, HEADS, P, SEED,
                                                                              attention=_sdpa_causal),
-                 "torch eager": lambda: torch_block(x, *weights, HEADS, cos, sin),
-                 "torch.compile": lambda: compiled(x, *weights, HEADS, cos, sin)}
+                 "torch eager": lambda: ref.torch_block(x, *weights, HEADS, cos, sin, P),
+                 "torch.compile": lambda: compiled(x, *weights, HEADS, cos, sin, P)}
         for kernel, forward in steps.items():
             _row(rows, shape, kernel, "torch.compile", bench.timed(
                 lambda forward=forward: torch.autograd.grad(forward(), leaves, dy)), flops)

@@ -67,25 +67,12 @@ def block_rule(x, w_norm1, w_qkv, w_o, w_norm2, w_gate_up, w_down, n_heads, dtyp
     PyTorch rounds it): twice its largest error plus one rounding of the largest output. float32: twice that
     block's error in float32 plus the dtype's tolerance (a block is a chain of sums over C, F and N terms)."""
     import torch
-    import torch.nn.functional as F
     tdt = getattr(torch, dtype)
     t = [torch.from_numpy(np.asarray(a, dtype=np.float64)).to(tdt) for a in (x, w_norm1, w_qkv, w_o, w_norm2,
                                                                                w_gate_up, w_down)]
-    x_, w1, wqkv, wo, w2, wgu, wd = t
-    bsz, n, c = x_.shape
-    d = c // n_heads
+    cos, sin = (torch.from_numpy(a).to(tdt) for a in ref35.rope_tables(x.shape[1], x.shape[2] // n_heads))
     with torch.no_grad():
-        q, k, v = (F.rms_norm(x_, (c,), w1, ref.NORM_EPS) @ wqkv.T).view(bsz, n, 3, n_heads, d).permute(2, 0, 3, 1,
-                                                                                                        4).unbind(0)
-        cos, sin = (torch.from_numpy(a).to(tdt) for a in ref35.rope_tables(n, d))
-
-        def turn(u):
-            a, b = u[..., :d // 2], u[..., d // 2:]
-            return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
-        attn = F.scaled_dot_product_attention(turn(q), turn(k), v, is_causal=True)
-        h = x_ + attn.transpose(1, 2).reshape(bsz, n, c) @ wo.T
-        gate, up = (F.rms_norm(h, (c,), w2, ref.NORM_EPS) @ wgu.T).chunk(2, dim=-1)
-        out = (h + (F.silu(gate) * up) @ wd.T).double().numpy()
+        out = ref.torch_block(*t, n_heads, cos, sin).double().numpy()
     exact = ref.capstone_block(*(a.double().numpy() for a in t), n_heads=n_heads)[0]
     err = float(np.abs(out - exact).max())
     unit = {"float32": 2.0 ** -24, "float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}[dtype]

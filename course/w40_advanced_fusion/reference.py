@@ -172,6 +172,28 @@ def capstone_block(x, w_norm1, w_qkv, w_o, w_norm2, w_gate_up, w_down, n_heads: 
     return (h + (gate / (1 + np.exp(-gate)) * up) @ w_down.T,)
 
 
+def torch_block(x, w_norm1, w_qkv, w_o, w_norm2, w_gate_up, w_down, n_heads: int, cos, sin, p: float = 0.0):
+    """capstone_block in PyTorch, as a practitioner writes it: F.rms_norm, SDPA (causal), the rotation by slices of the
+    (N, d/2) tables cos and sin, F.dropout (p), F.silu; on torch tensors of any dtype and device. The benchmark's peer
+    (eager and under torch.compile), the grader's 16-bit rule (in the dtype) and the backward's check (float64
+    autograd) all run this one."""
+    import torch
+    import torch.nn.functional as F
+    bsz, n, c = x.shape
+    d = c // n_heads
+    q, k, v = (F.rms_norm(x, (c,), w_norm1, NORM_EPS) @ w_qkv.T).view(bsz, n, 3, n_heads, d).permute(
+        2, 0, 3, 1, 4).unbind(0)
+
+    def turn(t):
+        a, b = t[..., :d // 2], t[..., d // 2:]
+        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1).to(t.dtype)
+    attended = F.scaled_dot_product_attention(turn(q), turn(k), v, is_causal=True)
+    h = x + F.dropout(attended.transpose(1, 2).reshape(bsz, n, c) @ w_o.T, p)
+    f = w_gate_up.shape[0] // 2
+    y = F.rms_norm(h, (c,), w_norm2, NORM_EPS)
+    return h + F.dropout((F.silu(y @ w_gate_up[:f].T) * (y @ w_gate_up[f:].T)) @ w_down.T, p)
+
+
 def capstone_gemms(tokens: int, c: int, f: int) -> dict:
     """The block's matrix products, name -> (M, N, K) of the forward: QKV, O, gate+up, down."""
     return {"qkv": (tokens, 3 * c, c), "o": (tokens, c, c), "gate_up": (tokens, 2 * f, c), "down": (tokens, c, f)}
